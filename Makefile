@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test install lint bench chaos clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## run the container on the embedded broker with the sample listeners
+run: $(STAMP)
+	$(BIN)/mdb run -c settings.example.toml
+
+## every test: unit, embedded transport, RabbitMQ and PostgreSQL (disruptive ones last, alone)
+test: $(STAMP)
+	$(BIN)/ruff check mdbcontainer listeners tests benchmarks samples
+	$(BIN)/mypy
+	$(BIN)/pytest -m "not disruptive" $(PYTEST_ARGS)
+	$(BIN)/pytest -m disruptive -p no:randomly $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+
+lint: $(STAMP)
+	$(BIN)/ruff check mdbcontainer listeners tests benchmarks samples
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py
+
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos.run --full
+
+clean:
+	rm -rf .mdb .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Sample listener modules deployed by settings.example.toml."""

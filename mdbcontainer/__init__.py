@@ -1,0 +1,43 @@
+"""mdbcontainer: message-driven handlers with listener-port reliability.
+
+Decorate a handler with :func:`message_driven`, name its listener port in the
+settings, and run ``mdb run``. The container wraps each delivery in a
+transaction, counts failed deliveries durably, backs poison messages out to a
+backout queue, stops a port after its maximum retries, and keeps a dedup
+table so each message's database work commits once.
+"""
+
+from .context import MessageContext
+from .errors import (
+    BrokerError,
+    BrokerUnavailable,
+    ListenerError,
+    MdbError,
+    PublishError,
+    RequestTimeout,
+    SettingsError,
+    TransactionError,
+    Unroutable,
+)
+from .handlers import message_driven
+from .message import Message
+from .producer import Producer
+from .settings import Settings, load_settings
+
+__all__ = [
+    "BrokerError",
+    "BrokerUnavailable",
+    "ListenerError",
+    "MdbError",
+    "Message",
+    "MessageContext",
+    "Producer",
+    "PublishError",
+    "RequestTimeout",
+    "Settings",
+    "SettingsError",
+    "TransactionError",
+    "Unroutable",
+    "load_settings",
+    "message_driven",
+]

@@ -1,0 +1,354 @@
+"""The narrow seam over kombu: connect, declare, consume, acknowledge, publish with confirms.
+
+Port and delivery code talk to this module only. Transport quirks stay here,
+and what a transport can do is declared in :class:`Capabilities` rather than
+guessed at each use (memory:// does not flag redeliveries, the embedded
+transport confirms nothing because its publish is a committed insert).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kombu
+from kombu.exceptions import OperationalError as KombuOperationalError
+
+from .errors import BrokerUnavailable, PublishError, Unroutable
+from .settings import Settings, mask_url
+
+log = logging.getLogger("mdbcontainer.broker")
+
+EMBEDDED = "embedded://"
+DELIVERY_MODE_PERSISTENT = 2
+DELIVERY_MODE_TRANSIENT = 1
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the transport provides natively; the container emulates or refuses the rest."""
+
+    name: str
+    publisher_confirms: bool
+    redelivered_flag: bool
+    native_expiry: bool
+    native_priority: bool
+    channel_transactions: bool
+    exclusive_queues: bool
+
+
+RABBITMQ = Capabilities("rabbitmq", True, True, True, True, True, True)
+EMBEDDED_CAPS = Capabilities("embedded", False, True, True, True, False, False)
+MEMORY = Capabilities("memory", False, False, False, True, False, False)
+
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean the broker connection is gone: reconnect, never count against a message."""
+    import amqp
+
+    return (
+        ConnectionError,
+        OSError,
+        socket.timeout,
+        KombuOperationalError,
+        amqp.exceptions.ConnectionError,
+        amqp.exceptions.RecoverableConnectionError,
+        amqp.exceptions.ConnectionForced,
+    )
+
+
+class Broker:
+    """Builds kombu connections for the settings' broker URL and declares topology."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.url = settings.container.broker_url
+        self.masked_url = mask_url(self.url)
+        if self.url.startswith(EMBEDDED):
+            self.capabilities = EMBEDDED_CAPS
+        elif self.url.startswith("memory://"):
+            self.capabilities = MEMORY
+        else:
+            self.capabilities = RABBITMQ
+
+    # -- connections -------------------------------------------------------
+
+    def connection(self, *, confirms: bool = False) -> kombu.Connection:
+        """A new, not yet connected kombu connection."""
+        timeout = self.settings.container.connect_timeout.total_seconds()
+        if self.capabilities is EMBEDDED_CAPS:
+            from . import embedded
+
+            path = Path(self.url[len(EMBEDDED) :] or ".mdb/broker.db")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return kombu.Connection(hostname=str(path), transport=embedded.Transport)
+        options: dict[str, Any] = {}
+        if confirms and self.capabilities.publisher_confirms:
+            options["confirm_publish"] = True
+        return kombu.Connection(
+            self.url,
+            connect_timeout=timeout,
+            transport_options=options,
+            heartbeat=0,
+            ssl=self._ssl(),
+        )
+
+    def _ssl(self) -> Any:
+        c = self.settings.container
+        if not self.url.startswith("amqps://"):
+            return None
+        if not (c.ssl_ca or c.ssl_cert):
+            return True
+        import ssl
+
+        context = ssl.create_default_context(cafile=c.ssl_ca)
+        if c.ssl_cert:
+            context.load_cert_chain(c.ssl_cert, c.ssl_key)
+        return context
+
+    def connect(self, *, confirms: bool = False, timeout: float | None = None) -> kombu.Connection:
+        """Connect once within ``timeout`` (default ``connect_timeout``) or raise BrokerUnavailable."""
+        limit = timeout if timeout is not None else self.settings.container.connect_timeout.total_seconds()
+        deadline = time.monotonic() + limit
+        last: BaseException | None = None
+        while True:
+            conn = self.connection(confirms=confirms)
+            try:
+                conn.connect()
+                return conn
+            except connection_errors() as exc:
+                last = exc
+                with suppress(Exception):
+                    conn.close()
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailable(
+                    f"broker {self.masked_url} not reachable within {limit:g}s: {describe(last)}"
+                ) from None
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    # -- topology ----------------------------------------------------------
+
+    def queue_arguments(self, name: str) -> dict[str, Any]:
+        """The declare arguments of queue ``name``: none unless its settings ask (contract section 6)."""
+        q = self.settings.queue(name)
+        args: dict[str, Any] = {}
+        if q.max_priority:
+            args["x-max-priority"] = q.max_priority
+        if q.quorum:
+            args["x-queue-type"] = "quorum"
+        if q.expiry_queue:
+            args["x-dead-letter-exchange"] = ""
+            args["x-dead-letter-routing-key"] = q.expiry_queue
+        return args
+
+    def declare_queue(self, channel: Any, name: str) -> None:
+        """Declare durable queue ``name`` with its settings' arguments (and its expiry queue)."""
+        expiry = self.settings.queue(name).expiry_queue
+        if expiry:
+            self._declare(channel, expiry)
+        self._declare(channel, name)
+
+    def _declare(self, channel: Any, name: str) -> None:
+        arguments = self.queue_arguments(name)
+        for attempt in range(5):
+            try:
+                channel.queue_declare(
+                    queue=name, durable=True, auto_delete=False, arguments=arguments or None
+                )
+                return
+            except Exception as exc:  # the embedded transport's race on first declare
+                if self.capabilities is RABBITMQ or attempt == 4:
+                    raise
+                log.debug("declare of %s raced (%s); retrying", name, exc)
+                time.sleep(0.05 * (attempt + 1))
+
+    def declare_topic(self, channel: Any, topic: str) -> None:
+        channel.exchange_declare(exchange=topic, type="topic", durable=True, auto_delete=False)
+
+    def declare_subscription(self, channel: Any, topic: str, queue: str, durable: bool) -> str:
+        """Declare a subscription queue bound with ``#`` to the topic; return its name."""
+        self.declare_topic(channel, topic)
+        if durable:
+            self._declare(channel, queue)
+        else:
+            ok = channel.queue_declare(
+                queue=queue, durable=False, auto_delete=True, exclusive=False, arguments=None
+            )
+            queue = getattr(ok, "queue", queue) or queue
+        channel.queue_bind(queue=queue, exchange=topic, routing_key="#")
+        return queue
+
+    def declare_destination(self, channel: Any, destination: str) -> tuple[str, str, bool]:
+        """Resolve a destination to (exchange, routing key, mandatory), declaring it first.
+
+        A topic named in the settings is its exchange, published with the topic's
+        name as routing key and not mandatory (no subscriber drops it, as JMS does);
+        anything else is a queue through the default exchange, mandatory.
+        """
+        if destination in self.settings.topics:
+            self.declare_topic(channel, destination)
+            return destination, destination, False
+        self.declare_queue(channel, destination)
+        return "", destination, True
+
+
+class Publisher:
+    """One connection and channel that publishes with broker confirms and mandatory routing."""
+
+    def __init__(self, broker: Broker, *, timeout: float | None = None) -> None:
+        self.broker = broker
+        self._timeout = timeout
+        self._conn: kombu.Connection | None = None
+        self._channel: Any = None
+        self._returned: list[Any] = []
+        self._declared: set[str] = set()
+
+    @property
+    def channel(self) -> Any:
+        if self._channel is None:
+            self._conn = self.broker.connect(confirms=True, timeout=self._timeout)
+            self._channel = self._conn.channel()
+            events = getattr(self._channel, "events", None)
+            if events is not None:
+                events["basic_return"].add(self._on_return)
+        return self._channel
+
+    def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+        self._returned.append((exchange, routing_key, exc))
+
+    def resolve(self, destination: str) -> tuple[str, str, bool]:
+        """Declare a destination once per publisher and return its route."""
+        route = self.broker.declare_destination(self.channel, destination)
+        self._declared.add(destination)
+        return route
+
+    def route(self, destination: str) -> tuple[str, str, bool]:
+        if destination in self._declared:
+            if destination in self.broker.settings.topics:
+                return destination, destination, False
+            return "", destination, True
+        return self.resolve(destination)
+
+    def publish(
+        self,
+        *,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any],
+        mandatory: bool,
+    ) -> None:
+        """Publish and wait for the broker's confirm; raise PublishError unless it took the message."""
+        channel = self.channel
+        props = dict(properties)
+        headers = props.pop("headers", None) or {}
+        content_type = props.pop("content_type", "application/json")
+        priority = props.pop("priority", None)
+        encoding = props.pop("content_encoding", None) or "utf-8"
+        message = channel.prepare_message(body, priority, content_type, encoding, headers, props)
+        self._returned.clear()
+        try:
+            channel.basic_publish(message, exchange=exchange, routing_key=routing_key,
+                                  mandatory=mandatory)
+        except connection_errors():
+            self.close()
+            raise
+        except Exception as exc:
+            self.close()
+            raise PublishError(f"publish to {exchange or routing_key!r} failed: {describe(exc)}") from exc
+        if self._returned:
+            raise Unroutable(f"no queue took the message for {routing_key!r} (mandatory publish returned)")
+
+    def close(self) -> None:
+        conn, self._conn, self._channel = self._conn, None, None
+        self._declared.clear()
+        if conn is not None:
+            with suppress(Exception):
+                conn.close()
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Subscription:
+    """One consumer: its own connection, channel, prefetch and queue (contract: a thread each)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        queue: str,
+        prefetch: int,
+        on_message: Callable[[Any], None],
+        declare: Callable[[Any], str],
+    ) -> None:
+        self.broker = broker
+        self.queue = queue
+        self.prefetch = prefetch
+        self.on_message = on_message
+        self._declare = declare
+        self.conn: kombu.Connection | None = None
+        self.channel: Any = None
+        self._consumer: kombu.Consumer | None = None
+
+    def open(self, timeout: float | None = None) -> None:
+        """Connect, declare and start consuming (raises BrokerUnavailable or a connection error)."""
+        self.conn = self.broker.connect(timeout=timeout)
+        self.channel = self.conn.channel()
+        self.queue = self._declare(self.channel)
+        self.channel.basic_qos(0, self.prefetch, False)
+        queue = kombu.Queue(self.queue, no_declare=True)
+        self._consumer = kombu.Consumer(
+            self.channel, queues=[queue], on_message=self.on_message, auto_declare=False,
+            accept=None,
+        )
+        self._consumer.consume()
+
+    def drain(self, timeout: float) -> None:
+        """Dispatch deliveries for up to ``timeout`` seconds (returns quietly on a quiet queue)."""
+        assert self.conn is not None
+        with suppress(socket.timeout, TimeoutError):
+            self.conn.drain_events(timeout=timeout)
+
+    def cancel(self) -> None:
+        """Stop consuming; deliveries already sent before the cancel still reach ``on_message``."""
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            with suppress(Exception):
+                consumer.cancel()
+
+    def close(self) -> None:
+        """Close the connection: the broker requeues whatever is still unacknowledged."""
+        self.cancel()
+        conn, self.conn, self.channel = self.conn, None, None
+        if conn is not None:
+            with suppress(Exception):
+                conn.close()
+
+
+@contextmanager
+def publisher(broker: Broker, timeout: float | None = None) -> Iterator[Publisher]:
+    pub = Publisher(broker, timeout=timeout)
+    try:
+        yield pub
+    finally:
+        pub.close()
+
+
+def describe(exc: BaseException | None) -> str:
+    """An exception as one line, with any URL password masked."""
+    if exc is None:
+        return "unknown error"
+    orig = getattr(exc, "orig", None)  # SQLAlchemy wraps the driver's error: show the database's text
+    if isinstance(orig, BaseException):
+        exc = orig
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return mask_url(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

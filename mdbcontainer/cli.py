@@ -1,0 +1,224 @@
+"""The ``mdb`` command: parse, load settings, delegate.
+
+Every command takes ``-c/--config FILE`` (else ``$MDB_SETTINGS``, else
+``./settings.toml``). Exit codes: 0 success, 1 a failure the command reports,
+2 bad usage or bad settings; every error is one line naming the culprit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+
+from .errors import ListenerError, MdbError, SettingsError
+from .logs import setup_logging
+from .settings import Settings, load_settings, mask_url
+
+app = typer.Typer(
+    name="mdb",
+    help="Run and operate message-driven handlers behind listener ports.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+port_app = typer.Typer(help="Start or stop a listener port in the running containers.",
+                       no_args_is_help=True)
+dlq_app = typer.Typer(help="Browse, replay and purge backout queues.", no_args_is_help=True)
+dedup_app = typer.Typer(help="Maintain the dedup table.", no_args_is_help=True)
+app.add_typer(port_app, name="port")
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(dedup_app, name="dedup")
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("-c", "--config", help="Settings file (default: $MDB_SETTINGS, else ./settings.toml)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+T = TypeVar("T")
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print one line to stderr and exit."""
+    typer.echo(f"mdb: error: {mask_url(message)}", err=True)
+    raise typer.Exit(code)
+
+
+def guarded(action: Callable[[], T]) -> T:
+    """Run ``action``, turning the package's errors into one line and the right exit code."""
+    try:
+        return action()
+    except (SettingsError, ListenerError) as exc:
+        fail(str(exc), 2)
+    except MdbError as exc:
+        fail(str(exc), 1)
+
+
+def settings_for(config: Path | None) -> Settings:
+    return guarded(lambda: load_settings(config))
+
+
+def usage_error(message: str) -> NoReturn:
+    fail(message, 2)
+
+
+# -- run and check -------------------------------------------------------------
+
+
+@app.command()
+def run(
+    config: ConfigOption = None,
+    port: Annotated[
+        list[str] | None, typer.Option("--port", help="Run only this port (repeatable).")
+    ] = None,
+) -> None:
+    """Run the container: every port of the settings, or only the named ones."""
+    from .container import Container
+
+    settings = settings_for(config)
+    setup_logging(settings.container)
+    container = guarded(lambda: Container(settings, ports=port))
+    raise typer.Exit(guarded(container.run))
+
+
+@app.command()
+def check(config: ConfigOption = None) -> None:
+    """Validate the settings and import the listeners; warn about risky poison-message settings."""
+    from .container import bind
+    from .doctor import warnings_for
+
+    settings = settings_for(config)
+    bindings = guarded(lambda: bind(settings))
+    warnings = warnings_for(settings, bindings)
+    for line in warnings:
+        typer.echo(f"warning: {line}", err=True)
+    typer.echo(
+        f"{settings.source}: ok: {len(bindings)} port(s) "
+        f"({', '.join(b.name for b in bindings)}); broker {mask_url(settings.container.broker_url)}"
+        + (f"; {len(warnings)} warning(s)" if warnings else "")
+    )
+
+
+# -- producing -------------------------------------------------------------------
+
+
+def parse_body(text: str) -> Any:
+    """BODY is JSON, or ``@file`` holding JSON."""
+    source = "BODY"
+    if text.startswith("@"):
+        source = text[1:]
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except OSError as exc:
+            usage_error(f"BODY {source}: cannot read: {exc.strerror}")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        usage_error(f"{source} is not JSON ({exc}); quote text as a JSON string: '\"text\"'")
+
+
+def parse_headers(pairs: list[str]) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            usage_error(f"-H {pair!r}: expected key=value")
+        headers[key] = value
+    return headers
+
+
+@app.command()
+def send(
+    destination: Annotated[str, typer.Argument(help="A queue or topic named in the settings, else a queue.")],
+    body: Annotated[str, typer.Argument(help="The body as JSON, or @file.")],
+    config: ConfigOption = None,
+    priority: Annotated[int | None, typer.Option(help="0-9 (default 4).", min=0, max=9)] = None,
+    ttl: Annotated[str | None, typer.Option(help="Time to live, e.g. 30s.")] = None,
+    non_persistent: Annotated[bool, typer.Option("--non-persistent", help="Do not write to disk.")] = False,
+    message_id: Annotated[str | None, typer.Option("--id", help="Message id (default: a new uuid).")] = None,
+    header: Annotated[list[str] | None, typer.Option("-H", "--header", help="key=value (repeatable).")] = None,
+    reply_to: Annotated[str | None, typer.Option("--reply-to", help="Queue for the reply.")] = None,
+    correlation_id: Annotated[str | None, typer.Option("--correlation-id")] = None,
+    count: Annotated[int, typer.Option(help="Send N copies (ids -1..-N after --id).", min=1)] = 1,
+) -> None:
+    """Send a message (confirmed by the broker); print its id."""
+    from .producer import Producer
+
+    data = parse_body(body)
+    headers = parse_headers(header or [])
+    if ttl is not None:
+        from .settings import parse_duration
+
+        try:
+            parse_duration(ttl)
+        except ValueError as exc:
+            usage_error(f"--ttl: {exc}")
+    settings = settings_for(config)
+
+    def go() -> None:
+        with Producer.from_settings(settings) as producer:
+            for n in range(count):
+                mid = message_id if count == 1 or not message_id else f"{message_id}-{n + 1}"
+                sent = producer.send(
+                    destination, data, priority=priority, ttl=ttl, persistent=not non_persistent,
+                    headers=headers, message_id=mid, reply_to=reply_to,
+                    correlation_id=correlation_id,
+                )
+                typer.echo(sent)
+
+    guarded(go)
+
+
+# -- operating ---------------------------------------------------------------------
+
+
+@app.command()
+def ports(config: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Every port of every running container: state, reason, counts."""
+    from .operate import show_ports
+
+    settings = settings_for(config)
+    guarded(lambda: show_ports(settings, as_json))
+
+
+@port_app.command("start")
+def port_start(name: str, config: ConfigOption = None) -> None:
+    """Start port NAME in every running container (and for containers started later)."""
+    from .operate import switch_port
+
+    settings = settings_for(config)
+    guarded(lambda: switch_port(settings, name, "started"))
+
+
+@port_app.command("stop")
+def port_stop(name: str, config: ConfigOption = None) -> None:
+    """Stop port NAME in every running container (and for containers started later)."""
+    from .operate import switch_port
+
+    settings = settings_for(config)
+    guarded(lambda: switch_port(settings, name, "stopped"))
+
+
+@dedup_app.command("purge")
+def dedup_purge(
+    config: ConfigOption = None,
+    older_than: Annotated[str | None, typer.Option("--older-than", help="e.g. 7d (default: dedup_retention).")] = None,
+) -> None:
+    """Delete dedup rows past retention, in short batches."""
+    from .operate import purge_dedup
+
+    settings = settings_for(config)
+    guarded(lambda: purge_dedup(settings, older_than))
+
+
+def main() -> None:
+    """Console entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

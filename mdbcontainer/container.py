@@ -1,0 +1,286 @@
+"""The container: binds handlers to listener ports from the settings, runs and stops them.
+
+``Container(settings).run()`` is what ``mdb run`` does: import the listener
+modules, create the container's tables, start every port the fleet wants
+started, then poll the fleet's port switches, publish heartbeats, relay the
+outbox and purge old dedup rows until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .backout import DeliveryCounter
+from .broker import Broker, Capabilities, Publisher, describe
+from .control import Control
+from .dedup import Dedup
+from .errors import ListenerError
+from .handlers import HandlerSpec, import_listeners
+from .metrics import Metrics
+from .outbox import Outbox, Pending
+from .port import ListenerPort
+from .settings import PortSettings, Settings, validate_port
+from .store import Store
+from .transactions import Resources as UnitResources
+
+log = logging.getLogger("mdbcontainer.container")
+
+RELAY_EVERY = 5.0
+PURGE_EVERY = 3600.0
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A handler bound to its port's effective settings (decorator defaults, then TOML)."""
+
+    name: str
+    spec: HandlerSpec
+    settings: PortSettings
+
+
+def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
+    """Import the listeners and pair each port with its handler; one-line errors otherwise."""
+    search = Path(settings.source).parent if settings.source.endswith(".toml") else None
+    handlers = import_listeners(settings.container.listeners, search)
+    names = sorted(set(handlers) | set(settings.ports))
+    unknown = [n for n in only or [] if n not in names]
+    if unknown:
+        raise ListenerError(f"--port {unknown[0]!r}: no such port (ports: {', '.join(names) or 'none'})")
+    bindings = []
+    for name in names:
+        spec = handlers.get(name)
+        if spec is None:
+            raise ListenerError(
+                f"{settings.source}: ports.{name}: no handler: no @message_driven({name!r}) in "
+                f"the listener modules {settings.container.listeners}"
+            )
+        merged = {**spec.defaults, **settings.port_overrides(name)}
+        if "destination" not in merged and "topic" not in merged:
+            raise ListenerError(
+                f"{spec.name}: port {name!r} has no destination: set [ports.{name}] destination "
+                f"in {settings.source} or @message_driven({name!r}, destination=...)"
+            )
+        bindings.append(Binding(name, spec, validate_port(settings.source, name, merged)))
+    if not bindings:
+        raise ListenerError(f"{settings.source}: no ports: container.listeners registers no handler")
+    return [b for b in bindings if not only or b.name in only]
+
+
+class Resources:
+    """What a container's ports share: broker, database tables, control, metrics."""
+
+    def __init__(self, settings: Settings, store: Store, broker: Broker) -> None:
+        self.settings = settings
+        self.store = store
+        self.broker = broker
+        self.capabilities: Capabilities = broker.capabilities
+        self.counter = DeliveryCounter(store)
+        self.dedup = Dedup(store)
+        self.outbox = Outbox(store, broker)
+        self.control = Control(store)
+        self.metrics = Metrics()
+        self.units = UnitResources(store, self.dedup, self.outbox)
+        self.shutting_down = False
+        self._outages: set[str] = set()
+        self._lock = threading.Lock()
+
+    def dedup_seen(self, port: str, message_id: str) -> bool:
+        return self.dedup.seen(port, message_id)
+
+    def outbox_dispatch(self, publisher: Publisher, pending: list[Pending]) -> None:
+        self.outbox.dispatch(publisher, pending)
+
+    def outage(self, kind: str, error: BaseException | None) -> None:
+        """Log an outage once, not once per message or per consumer."""
+        with self._lock:
+            if kind in self._outages:
+                return
+            self._outages.add(kind)
+        where = self.broker.masked_url if kind == "broker" else "the database"
+        log.error("%s unavailable (%s): %s; retrying with backoff, counting nothing against messages",
+                  kind, where, describe(error))
+
+    def recovered(self, kind: str) -> None:
+        if kind not in self._outages:
+            return
+        with self._lock:
+            if kind not in self._outages:
+                return
+            self._outages.discard(kind)
+        log.info("%s connection restored", kind)
+
+    @property
+    def outages(self) -> set[str]:
+        return set(self._outages)
+
+
+class Container:
+    """One container process: its ports, its heartbeat, its housekeeping."""
+
+    def __init__(self, settings: Settings, *, ports: list[str] | None = None) -> None:
+        self.settings = settings
+        self.bindings = bind(settings, ports)
+        self.broker = Broker(settings)
+        self.store = Store(settings.container)
+        self.resources = Resources(settings, self.store, self.broker)
+        self.ports = {b.name: self._port(b) for b in self.bindings}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._generations: dict[str, int] = {}
+
+    def _port(self, binding: Binding) -> ListenerPort:
+        queue = binding.settings.queue_name
+        return ListenerPort(
+            name=binding.name, settings=binding.settings, spec=binding.spec,
+            resources=self.resources, queue_settings=self.settings.queue(queue),
+            backout_queue=self.settings.backout_queue_for(queue),
+        )
+
+    @property
+    def id(self) -> str:
+        return self.resources.control.id
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Create tables, register with the fleet, start ports and the background loops."""
+        self.store.create_tables()
+        self.resources.control.register()
+        wanted = self.resources.control.wanted()
+        for name, port in self.ports.items():
+            w = wanted.get(name)
+            self._generations[name] = w.generation if w else 0
+            if w is not None and w.state == "stopped":
+                port.reason = w.reason
+                log.warning("port %s stays stopped: %s (mdb port start %s)", name, w.reason, name)
+            elif port.settings.autostart:
+                port.start()
+        self._spawn("mdb-control", self._control_loop)
+        self._spawn("mdb-housekeeping", self._housekeeping_loop)
+        log.info("container %s started: %d port(s) on %s", self.id, len(self.ports),
+                 self.broker.masked_url)
+
+    def _spawn(self, name: str, target: Any) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop consuming, let in-flight deliveries finish; True when all finished in time."""
+        limit = self.settings.container.shutdown_timeout.total_seconds() if timeout is None else timeout
+        self.resources.shutting_down = True
+        self._stop.set()
+        for port in self.ports.values():
+            port.stop("container shutting down")
+        deadline = time.monotonic() + limit
+        finished = all(p.join(max(0.0, deadline - time.monotonic())) for p in self.ports.values())
+        for thread in self._threads:
+            thread.join(1.0)
+        try:
+            self.resources.control.deregister()
+        except Exception as exc:
+            log.warning("could not deregister container %s: %s", self.id, describe(exc))
+        if not finished:
+            log.warning("some deliveries did not finish within shutdown_timeout; "
+                        "they stay unacknowledged and will be redelivered")
+        return finished
+
+    def run(self) -> int:
+        """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early)."""
+        signals = {"count": 0}
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            signals["count"] += 1
+            if signals["count"] > 1:
+                log.warning("second signal: exiting now; unacknowledged messages will be redelivered")
+                os._exit(130)
+            log.info("signal %s: stopping (again to exit at once)", signal.Signals(signum).name)
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        while not self._stop.wait(0.5):
+            pass
+        self.stop()
+        log.info("container %s stopped", self.id)
+        return 0
+
+    # -- background loops ---------------------------------------------------
+
+    def _control_loop(self) -> None:
+        interval = self.settings.container.control_interval.total_seconds()
+        while not self._stop.wait(interval):
+            try:
+                self.apply_wanted()
+                self.resources.control.heartbeat(self.port_rows())
+            except Exception as exc:
+                self.resources.outage("database", exc)
+
+    def apply_wanted(self) -> None:
+        """Start or stop ports as the fleet's switches say (a newer generation wins)."""
+        wanted = self.resources.control.wanted()
+        for name, port in self.ports.items():
+            if port.stopping:
+                port.join(0)
+            w = wanted.get(name)
+            if w is None or w.generation <= self._generations.get(name, 0):
+                continue
+            self._generations[name] = w.generation
+            if w.state == "started" and (port.stopping or not port.consumers):
+                port.join(5.0)
+                log.info("port %s: start requested", name)
+                port.start()
+            elif w.state == "stopped" and not port.stopping:
+                port.stop(w.reason or "stopped by mdb port stop")
+
+    def port_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for name, port in self.ports.items():
+            s = port.stats
+            rows.append({
+                "port": name, "destination": port.settings.destination or port.settings.topic,
+                "state": port.state, "reason": port.reason,
+                "consecutive_failures": s.consecutive_failures, "delivered": s.delivered,
+                "failed": s.failed, "backed_out": s.backed_out, "expired": s.expired,
+                "handled": s.handled, "duplicate_skipped": s.duplicate_skipped,
+                "invalid_body": s.invalid_body, "since": port.since.isoformat(),
+            })
+        return rows
+
+    def _housekeeping_loop(self) -> None:
+        publisher = Publisher(self.broker)
+        last_purge = time.monotonic() - PURGE_EVERY + 60.0
+        try:
+            while not self._stop.wait(RELAY_EVERY):
+                self._relay(publisher)
+                if time.monotonic() - last_purge >= PURGE_EVERY:
+                    last_purge = time.monotonic()
+                    self.purge()
+        finally:
+            publisher.close()
+
+    def _relay(self, publisher: Publisher) -> None:
+        try:
+            self.resources.outbox.relay(publisher)
+        except Exception as exc:
+            publisher.close()
+            log.warning("outbox relay will retry: %s", describe(exc))
+
+    def purge(self) -> int:
+        try:
+            removed = self.resources.dedup.purge(self.settings.container.dedup_retention)
+        except Exception as exc:
+            log.warning("dedup purge will retry: %s", describe(exc))
+            return 0
+        if removed:
+            self.resources.metrics.dedup_purged.inc(removed)
+            log.info("dedup purge removed %d row(s) past retention", removed)
+        return removed

@@ -1,0 +1,105 @@
+"""MessageContext: what a handler can do besides reading its message.
+
+The context delegates to the delivery's unit of work (``transactions.py``),
+so the same ``ctx.send`` is an outbox row under a transaction and a publish
+after the handler returns without one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from .errors import TransactionError
+from .message import Message
+from .producer import outgoing
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from .transactions import Unit
+
+
+class MessageContext:
+    """The handler's view of its delivery: session, rollback, sends, acknowledgment."""
+
+    __slots__ = ("_unit", "message", "port")
+
+    def __init__(self, message: Message, port: str, unit: Unit) -> None:
+        self.message = message
+        self.port = port
+        self._unit = unit
+
+    @property
+    def session(self) -> Session:
+        """The SQLAlchemy session of the container-managed transaction of this delivery."""
+        session = self._unit.session
+        if session is None:
+            raise TransactionError(
+                f"port {self.port!r}: ctx.session exists only with transaction = 'container' "
+                "(Required or RequiresNew); with 'bean' use ctx.transaction()"
+            )
+        return session
+
+    def set_rollback_only(self) -> None:
+        """Mark the transaction for rollback: the message returns to its queue as a failed delivery."""
+        self._unit.rollback_only = True
+
+    @property
+    def rollback_only(self) -> bool:
+        return self._unit.rollback_only
+
+    def transaction(self) -> AbstractContextManager[Session]:
+        """Bean-managed: a transaction that commits on normal exit, with the dedup mark inside it."""
+        return self._unit.bean_transaction()
+
+    def acknowledge(self) -> None:
+        """Client acknowledgment: acknowledge this and every earlier message of this consumer."""
+        self._unit.acknowledge()
+
+    def recover(self) -> None:
+        """Client acknowledgment: redeliver every unacknowledged message of this consumer."""
+        self._unit.recover()
+
+    def send(
+        self,
+        destination: str,
+        body: Any,
+        *,
+        priority: int | None = None,
+        ttl: timedelta | str | float | None = None,
+        persistent: bool = True,
+        headers: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> str:
+        """Send a message as part of this unit of work; return its id.
+
+        Inside a transaction it leaves only if the transaction commits.
+        """
+        message = outgoing(
+            destination, body, priority=priority, ttl=ttl, persistent=persistent,
+            headers=headers, message_id=message_id, reply_to=reply_to,
+            correlation_id=correlation_id,
+        )
+        self._unit.send(message)
+        return message.message_id
+
+    def reply(self, body: Any, **options: Any) -> str:
+        """Answer a request: to ``reply_to``, correlated with the request's correlation id or id."""
+        if not self.message.reply_to:
+            raise TransactionError(f"port {self.port!r}: message {self.message.id} has no reply_to")
+        options.setdefault("correlation_id", self.message.correlation_id or self.message.id)
+        message = outgoing(self.message.reply_to, body, **options)
+        self._unit.send(message, reply=True)
+        return message.message_id
+
+    def move_to(self, queue: str, reason: str) -> None:
+        """Move this message to ``queue`` as part of the unit of work; the delivery then counts as handled."""
+        self._unit.move_to(queue, reason)
+
+    def __iter__(self) -> Iterator[Any]:  # pragma: no cover - guards a common misuse
+        raise TypeError("MessageContext is not iterable")

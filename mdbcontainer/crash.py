@@ -1,0 +1,52 @@
+"""Crash points: a test-only switch that kills the process at a named step.
+
+``MDB_CRASH_AT=after-commit`` makes the container SIGKILL itself when a
+delivery reaches that step, so tests can prove that no step of the delivery
+path loses or duplicates work. ``MDB_CRASH_AT=after-commit:3`` crashes on the
+third time the step is reached. With ``MDB_CRASH_ONCE_FILE`` set, the crash
+happens only while that file does not exist (it is created just before the
+kill), so a restarted container runs on.
+
+The variable is read once at import; with it unset, a crash point costs one
+comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+POINTS = (
+    "before-handler",
+    "in-handler",
+    "after-commit",
+    "after-ack",
+    "outbox-dispatch",
+    "mid-backout",
+)
+
+_spec = os.environ.get("MDB_CRASH_AT", "")
+_name, _, _nth = _spec.partition(":")
+_target = int(_nth) if _nth.isdigit() else 1
+_once = os.environ.get("MDB_CRASH_ONCE_FILE")
+_hits = 0
+_lock = threading.Lock()
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process if the test switch names ``name`` (a no-op otherwise)."""
+    global _hits
+    if name != _name:
+        return
+    with _lock:
+        _hits += 1
+        if _hits < _target:
+            return
+    if _once:
+        marker = Path(_once)
+        if marker.exists():
+            return
+        marker.write_text(name)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,133 @@
+"""The dedup table: once-and-only-once between commit and acknowledgment.
+
+The one crash window the seed names is after the handler's transaction
+commits and before the broker hears the acknowledgment: the message comes
+back although its work is done. The row ``(port, message id)`` commits in the
+same transaction as the work, so the redelivery finds it and is acknowledged
+without calling the handler.
+
+The claim is ``INSERT ... ON CONFLICT DO NOTHING RETURNING``: a plain insert
+that fails aborts a PostgreSQL transaction, and a rowcount check is wrong on
+SQLAlchemy 2 (-1 for that statement), so the returned row is the answer. Two
+consumers claiming the same id at once serialize on the row: the second
+waits for the first to commit, then sees the conflict.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import delete, exists, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from .store import Store, utcnow
+
+log = logging.getLogger("mdbcontainer.dedup")
+
+PURGE_BATCH = 1000
+# One container of a fleet purges at a time (PostgreSQL advisory lock key).
+PURGE_LOCK = 7426002
+
+
+class DuplicateMessage(BaseException):
+    """Raised out of ``ctx.transaction()`` when the message was already applied.
+
+    A BaseException, like dramatiq's Interrupt, so that a handler's ``except
+    Exception`` cannot swallow it and commit the work a second time.
+    """
+
+
+class Dedup:
+    """Claims, checks and purges dedup rows."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.table = store.tables.dedup
+        self._insert: Any = postgresql.insert if store.dialect == "postgresql" else sqlite.insert
+
+    def claim(self, session: Session, port: str, message_id: str) -> bool:
+        """Write the row inside the caller's transaction; False when it already exists."""
+        t = self.table
+        stmt = (
+            self._insert(t)
+            .values(port=port, message_id=message_id, processed_at=utcnow())
+            .on_conflict_do_nothing(index_elements=[t.c.port, t.c.message_id])
+            .returning(t.c.port)
+        )
+        return session.execute(stmt).first() is not None
+
+    def seen(self, port: str, message_id: str) -> bool:
+        """True when the message's work has committed (checked for redeliveries only)."""
+        t = self.table
+        query = select(exists().where(t.c.port == port, t.c.message_id == message_id))
+        with self.store.engine.connect() as conn:
+            return bool(conn.execute(query).scalar())
+
+    def purge(self, older_than: timedelta, *, batch: int = PURGE_BATCH) -> int:
+        """Delete rows older than ``older_than`` in short batches; return how many went.
+
+        Short batches keep each transaction's locks brief, so deliveries are never
+        blocked behind one huge DELETE.
+        """
+        cutoff = utcnow() - older_than
+        total = 0
+        with self.store.engine.connect() as lock_conn:
+            if not self._lock(lock_conn):
+                log.debug("another container is purging the dedup table")
+                return 0
+            try:
+                while True:
+                    removed = self._purge_batch(cutoff, batch)
+                    total += removed
+                    if removed < batch:
+                        break
+                self._purge_deliveries(cutoff)
+            finally:
+                self._unlock(lock_conn)
+        return total
+
+    def _purge_batch(self, cutoff: Any, batch: int) -> int:
+        t = self.table
+        keys = (
+            select(t.c.port, t.c.message_id)
+            .where(t.c.processed_at < cutoff)
+            .order_by(t.c.processed_at)
+            .limit(batch)
+        )
+        with self.store.engine.begin() as conn:
+            rows = conn.execute(keys).all()
+            if not rows:
+                return 0
+            for port in {r.port for r in rows}:
+                ids = [r.message_id for r in rows if r.port == port]
+                conn.execute(delete(t).where(t.c.port == port, t.c.message_id.in_(ids)))
+        return len(rows)
+
+    def _purge_deliveries(self, cutoff: Any) -> None:
+        t = self.store.tables.delivery
+        with self.store.engine.begin() as conn:
+            conn.execute(delete(t).where(t.c.updated_at < cutoff))
+
+    def _lock(self, conn: Any) -> bool:
+        if self.store.dialect != "postgresql":
+            return True
+        got = conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({PURGE_LOCK})").scalar()
+        conn.commit()
+        return bool(got)
+
+    def _unlock(self, conn: Any) -> None:
+        if self.store.dialect == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({PURGE_LOCK})")
+            conn.commit()
+
+    def count(self, port: str | None = None) -> int:
+        from sqlalchemy import func
+
+        query = select(func.count()).select_from(self.table)
+        if port is not None:
+            query = query.where(self.table.c.port == port)
+        with self.store.engine.connect() as conn:
+            return int(conn.execute(query).scalar() or 0)

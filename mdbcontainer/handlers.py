@@ -1,0 +1,184 @@
+"""``@message_driven``: marking handlers, finding them, and calling them.
+
+Registration is not binding: the decorator only records the port name and
+its defaults on the handler object itself. The container imports the
+listener modules named in the settings and collects what they carry, so that
+importing a listener does no I/O and needs no global registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from pydantic import TypeAdapter
+
+from .errors import ListenerError
+from .message import Message, validate_body, validator_for
+
+H = TypeVar("H", bound=Callable[..., Any])
+
+_MARK = "__message_driven__"
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """What ``@message_driven`` recorded: the port, the inline port defaults, the target."""
+
+    port: str
+    target: Any
+    defaults: dict[str, Any]
+
+    @property
+    def is_bean(self) -> bool:
+        return inspect.isclass(self.target)
+
+    @property
+    def name(self) -> str:
+        return f"{self.target.__module__}:{self.target.__qualname__}"
+
+
+def message_driven(port: str, **port_defaults: Any) -> Callable[[H], H]:
+    """Mark a function or a bean class as the handler of listener port ``port``.
+
+    Keyword arguments are port settings (``destination``, ``max_retries``, ...);
+    the TOML ``[ports.NAME]`` table overrides them key by key. The handler's
+    first parameter's annotation decides what it receives: ``Message`` for the
+    envelope, or any type pydantic can validate for the decoded body.
+
+    A class is a bean: ``setup()`` runs once per instance, ``on_message(message,
+    ctx)`` per delivery, ``teardown()`` when the instance is discarded (after it
+    raised) or at shutdown.
+    """
+    if not isinstance(port, str) or not port:
+        raise ListenerError("@message_driven needs the listener port's name as a non-empty string")
+
+    def mark(target: H) -> H:
+        if inspect.isclass(target):
+            if not callable(getattr(target, "on_message", None)):
+                raise ListenerError(
+                    f"{target.__module__}:{target.__qualname__}: a message-driven bean "
+                    "needs an on_message(self, message, ctx) method"
+                )
+        elif not callable(target):
+            raise ListenerError(f"@message_driven({port!r}) decorates a function or a class")
+        setattr(target, _MARK, HandlerSpec(port, target, dict(port_defaults)))
+        return target
+
+    return mark
+
+
+def import_listeners(modules: list[str], search_path: Path | None = None) -> dict[str, HandlerSpec]:
+    """Import the listener modules and return their handlers by port name.
+
+    A module that does not exist is told apart from one whose own import failed,
+    and two handlers for one port are an error.
+    """
+    for entry in (str(Path.cwd()), str(search_path) if search_path else None):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+    found: dict[str, HandlerSpec] = {}
+    for name in modules:
+        for spec in _handlers_in(_import(name)):
+            other = found.get(spec.port)
+            if other is not None and other.target is not spec.target:
+                raise ListenerError(
+                    f"port {spec.port!r} has two handlers: {other.name} and {spec.name}"
+                )
+            found[spec.port] = spec
+    return found
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            raise ListenerError(
+                f"listener module {name!r} not found (container.listeners; is it on the path?)"
+            ) from None
+        raise ListenerError(f"listener module {name!r} failed to import: {exc}") from exc
+    except Exception as exc:
+        raise ListenerError(
+            f"listener module {name!r} failed to import: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _handlers_in(module: Any) -> list[HandlerSpec]:
+    specs = []
+    for value in vars(module).values():
+        spec = getattr(value, _MARK, None) if inspect.isfunction(value) or inspect.isclass(value) else None
+        if isinstance(spec, HandlerSpec) and spec.target is value:
+            specs.append(spec)
+    return specs
+
+
+def _first_parameter(func: Callable[..., Any], skip_self: bool) -> Any:
+    params = list(inspect.signature(func).parameters.values())
+    if skip_self:
+        params = params[1:]
+    if not params:
+        raise ListenerError(f"{func.__qualname__}: a handler takes (message_or_body, ctx)")
+    try:
+        hints = get_type_hints(func)
+    except Exception as exc:
+        raise ListenerError(f"{func.__qualname__}: cannot resolve its annotations: {exc}") from exc
+    return hints.get(params[0].name, Message)
+
+
+@dataclass
+class Invoker:
+    """Calls one handler for one consumer: holds that consumer's bean instance.
+
+    A bean instance serves one consumer at a time, so each consumer thread owns
+    an Invoker. An instance whose ``on_message`` raised is discarded
+    (``teardown``) and a fresh one is made for the next delivery, as an EJB
+    container does with a bean that threw a system exception.
+    """
+
+    spec: HandlerSpec
+    adapter: TypeAdapter[Any] | None = None
+    _bean: Any = field(default=None, repr=False)
+
+    @classmethod
+    def for_spec(cls, spec: HandlerSpec) -> Invoker:
+        func = spec.target.on_message if spec.is_bean else spec.target
+        return cls(spec, validator_for(_first_parameter(func, skip_self=spec.is_bean)))
+
+    def argument(self, message: Message) -> Any:
+        """The handler's first argument: the envelope or the validated body (may raise InvalidBody)."""
+        if self.adapter is None:
+            return message
+        return validate_body(self.adapter, message.body)
+
+    def __call__(self, argument: Any, ctx: Any) -> None:
+        if not self.spec.is_bean:
+            self.spec.target(argument, ctx)
+            return
+        bean = self._instance()
+        try:
+            bean.on_message(argument, ctx)
+        except BaseException:
+            self.discard()
+            raise
+
+    def _instance(self) -> Any:
+        if self._bean is None:
+            bean = self.spec.target()
+            setup = getattr(bean, "setup", None)
+            if callable(setup):
+                setup()
+            self._bean = bean
+        return self._bean
+
+    def discard(self) -> None:
+        """Tear the bean instance down (after a failure, or at shutdown)."""
+        bean, self._bean = self._bean, None
+        teardown = getattr(bean, "teardown", None)
+        if callable(teardown):
+            teardown()

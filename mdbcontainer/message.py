@@ -1,0 +1,141 @@
+"""Message: the read-only envelope a handler receives, and body decoding.
+
+Decoding is where untrusted bytes enter, so it accepts only the content types
+of the port's ``accept`` list (JSON and text by default) and never anything
+that runs code (pickle). A body that cannot be decoded or validated is poison
+the container detects itself: :class:`InvalidBody` says why, in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+JSON = "application/json"
+TEXT = "text/plain"
+# A JSON document nested deeper than this is refused before it is parsed.
+MAX_JSON_DEPTH = 64
+
+
+class InvalidBody(Exception):
+    """The body cannot become the handler's argument; backed out with reason ``invalid-body``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One delivery as the handler sees it (read-only).
+
+    ``redelivery_count`` counts failed earlier deliveries of this message (0 on
+    the first); it survives process crashes because the container keeps it in
+    its database, not in memory.
+    """
+
+    id: str | None
+    body: Any
+    headers: dict[str, Any] = field(default_factory=dict)
+    redelivery_count: int = 0
+    redelivered: bool = False
+    priority: int = 0
+    expires_at: datetime | None = None
+    persistent: bool = True
+    reply_to: str | None = None
+    correlation_id: str | None = None
+    timestamp: datetime | None = None
+    destination: str = ""
+    content_type: str = JSON
+    raw: bytes = field(default=b"", repr=False)
+
+
+def content_type_of(value: str | None) -> str:
+    """The media type without parameters (``application/json; charset=utf-8`` → ``application/json``)."""
+    return (value or "").split(";", 1)[0].strip().lower()
+
+
+def decode_body(raw: bytes, content_type: str, accept: list[str], max_bytes: int) -> Any:
+    """Turn the raw body into JSON data or text, refusing anything the port does not accept."""
+    if len(raw) > max_bytes:
+        raise InvalidBody(f"body of {len(raw)} bytes is over max_message_bytes ({max_bytes})")
+    ctype = content_type_of(content_type)
+    if ctype not in {content_type_of(a) for a in accept}:
+        raise InvalidBody(f"content type {ctype or '(none)'!r} is not accepted (accept: {accept})")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidBody(f"body is not valid UTF-8: {exc.reason} at byte {exc.start}") from None
+    if ctype == TEXT or not ctype.endswith("json"):
+        return text
+    _check_depth(text)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidBody(f"body is not valid JSON: {exc}") from None
+
+
+def _check_depth(text: str) -> None:
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            escaped = not escaped and char == "\\"
+            in_string = escaped or char != '"'
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                raise InvalidBody(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        elif char in "]}":
+            depth -= 1
+
+
+def validator_for(annotation: Any) -> TypeAdapter[Any] | None:
+    """A pydantic adapter for the handler's first parameter, or None when it takes the Message."""
+    if annotation is Message or annotation in (Any, None):
+        return None
+    return TypeAdapter(annotation)
+
+
+def validate_body(adapter: TypeAdapter[Any], body: Any) -> Any:
+    """Validate the decoded body into the handler's type; one line on failure."""
+    try:
+        return adapter.validate_python(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise InvalidBody(f"{where}: {first['msg']}{more}") from None
+
+
+def encode_body(body: Any) -> tuple[bytes, str]:
+    """How producers of this package encode: text as text/plain, anything else as JSON."""
+    if isinstance(body, bytes):
+        raise TypeError("send a str (text/plain) or JSON-serialisable data, not bytes")
+    if isinstance(body, str):
+        return body.encode("utf-8"), TEXT
+    if hasattr(body, "model_dump_json"):
+        return body.model_dump_json().encode("utf-8"), JSON
+    return json.dumps(body, separators=(",", ":"), default=str).encode("utf-8"), JSON
+
+
+def body_hash_id(raw: bytes, routing_key: str) -> str:
+    """An id derived from body and routing key, for ``missing_id = "body-hash"`` ports."""
+    digest = hashlib.sha256(routing_key.encode() + b"\0" + raw).hexdigest()
+    return f"sha256:{digest[:40]}"
+
+
+def from_epoch(value: Any) -> datetime | None:
+    """An AMQP timestamp (seconds) as an aware datetime, or None when absent or malformed."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError):
+            return None
+    return None

@@ -1,0 +1,71 @@
+"""What the operating commands do (``mdb ports``, ``mdb port``, ``mdb dedup``), apart from parsing."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .control import Control
+from .dedup import Dedup
+from .errors import MdbError
+from .settings import Settings, format_duration, parse_duration
+from .store import Store
+
+
+def _store(settings: Settings) -> Store:
+    store = Store(settings.container)
+    store.create_tables()
+    return store
+
+
+def show_ports(settings: Settings, as_json: bool) -> None:
+    rows = Control(_store(settings)).live()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    if not rows:
+        typer.echo("no running containers")
+        return
+    table = Table(title="listener ports")
+    for column in ("container", "port", "destination", "state", "failures", "delivered",
+                   "failed", "backed out", "expired", "since", "reason"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r["container"], r["port"], str(r["destination"]),
+            f"[green]{r['state']}[/]" if r["state"] == "started" else f"[red]{r['state']}[/]",
+            str(r["consecutive_failures"]), str(r["delivered"]), str(r["failed"]),
+            str(r["backed_out"]), str(r["expired"]), r["since"][:19], r["reason"] or "",
+        )
+    Console(width=200).print(table)
+
+
+def switch_port(settings: Settings, name: str, state: str) -> None:
+    from .container import bind
+
+    known = {b.name for b in bind(settings)}
+    if name not in known:
+        raise MdbError(f"no port {name!r} in {settings.source} (ports: {', '.join(sorted(known))})")
+    reason = "" if state == "started" else "stopped by mdb port stop"
+    Control(_store(settings)).set_port(name, state, reason)
+    typer.echo(f"port {name}: {state} requested; running containers act within "
+               f"{format_duration(settings.container.control_interval)}")
+
+
+def purge_dedup(settings: Settings, older_than: str | None) -> None:
+    age = settings.container.dedup_retention if older_than is None else _duration(older_than)
+    removed = Dedup(_store(settings)).purge(age)
+    typer.echo(f"removed {removed} dedup row(s) older than {format_duration(age)}")
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        from .errors import SettingsError
+
+        raise SettingsError(f"--older-than: {exc}") from None

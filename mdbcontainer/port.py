@@ -1,0 +1,319 @@
+"""ListenerPort: a port's consumers, its state, and Maximum retries.
+
+A port runs ``concurrency`` consumers, each a thread with its own broker
+connection and channel, blocking in ``drain_events`` (kombu's async loop can
+hold a queued ack for seconds; a blocking loop per thread does not).
+
+Maximum retries counts consecutive failed deliveries across the port's
+consumers. Success resets the count, and so does a backout. One failure more
+than ``max_retries`` stops the port: the failing message is requeued first,
+then the port's state turns ``stopped`` for the whole fleet (see control.py)
+and every consumer hands back what it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import tenacity
+
+from .broker import Publisher, Subscription, connection_errors, describe
+from .delivery import Pipeline
+from .producer import Outgoing
+from .settings import PortSettings, QueueSettings
+
+if TYPE_CHECKING:
+    from .container import Resources
+    from .handlers import HandlerSpec
+
+log = logging.getLogger("mdbcontainer.port")
+
+Decision = Literal["stop", "continue"]
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """Connection retries (not message redelivery): exponential, capped, until stopped."""
+
+    initial: float = 0.2
+    maximum: float = 5.0
+
+    def wait(self) -> tenacity.wait.wait_base:
+        return tenacity.wait_exponential(multiplier=self.initial, max=self.maximum)
+
+
+@dataclass
+class PortStats:
+    delivered: int = 0
+    handled: int = 0
+    failed: int = 0
+    backed_out: int = 0
+    expired: int = 0
+    duplicate_skipped: int = 0
+    invalid_body: int = 0
+    consecutive_failures: int = 0
+
+
+@dataclass
+class ListenerPort:
+    """One listener port inside one container process."""
+
+    name: str
+    settings: PortSettings
+    spec: HandlerSpec
+    resources: Resources
+    queue_settings: QueueSettings
+    backout_queue: str
+    state: str = "stopped"
+    reason: str = ""
+    since: datetime = field(default_factory=lambda: datetime.now(UTC))
+    stats: PortStats = field(default_factory=PortStats)
+    consumers: list[Consumer] = field(default_factory=list)
+    policy: ReconnectPolicy = field(default_factory=ReconnectPolicy)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.queue = self.settings.queue_name
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the consumers; the state turns ``started`` once all of them consume."""
+        if self.consumers:
+            return
+        self._stopping.clear()
+        with self._lock:
+            self.stats.consecutive_failures = 0
+        self.reason = "starting"
+        self.consumers = [Consumer(self, i) for i in range(self.settings.concurrency)]
+        for consumer in self.consumers:
+            consumer.thread.start()
+
+    def stop(self, reason: str, *, wait: float | None = None) -> None:
+        """Stop consuming; in-flight deliveries finish, prefetched ones are handed back."""
+        self._stopping.set()
+        self._set_state("stopped", reason)
+        if wait is not None:
+            self.join(wait)
+
+    def join(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for consumer in list(self.consumers):
+            if consumer.thread is not threading.current_thread():
+                consumer.thread.join(max(0.0, deadline - time.monotonic()))
+        alive = any(c.thread.is_alive() for c in self.consumers)
+        if not alive:
+            self.consumers = []
+        return not alive
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def declare(self, channel: Any) -> str:
+        """Declare the port's queue (or subscription) and its backout queue; return the queue name."""
+        broker = self.resources.broker
+        broker.declare_queue(channel, self.backout_queue)
+        if self.settings.topic is not None:
+            name = self.settings.subscription_queue or f"{self.name}.{id(self):x}"
+            return broker.declare_subscription(channel, self.settings.topic, name, self.settings.durable)
+        broker.declare_queue(channel, self.queue)
+        return self.queue
+
+    def consumer_changed(self) -> None:
+        """Called by consumers as they connect or drop; ``started`` only when all consume."""
+        if self.stopping:
+            return
+        up = sum(1 for c in self.consumers if c.consuming)
+        if up == len(self.consumers) and up:
+            self._set_state("started", "")
+        elif self.state == "started":
+            self._set_state("stopped", f"{len(self.consumers) - up} consumer(s) reconnecting")
+
+    def _set_state(self, state: str, reason: str) -> None:
+        if (state, reason) != (self.state, self.reason):
+            self.state, self.reason, self.since = state, reason, datetime.now(UTC)
+            self.resources.metrics.port_state(self.name, state == "started")
+            log.info("port %s %s%s", self.name, state, f": {reason}" if reason else "")
+
+    # -- Maximum retries ---------------------------------------------------
+
+    def record(self, outcome: str) -> None:
+        with self._lock:
+            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+            self.stats.delivered += outcome != "expired"
+        self.resources.metrics.delivery(self.name, outcome)
+
+    def observe(self, seconds: float) -> None:
+        self.resources.metrics.handler_time(self.name, seconds)
+
+    def after_success(self) -> None:
+        if self.stats.consecutive_failures:
+            with self._lock:
+                self.stats.consecutive_failures = 0
+
+    def after_backout(self) -> None:
+        with self._lock:
+            self.stats.consecutive_failures = 0
+
+    def after_failure(self) -> Decision:
+        with self._lock:
+            self.stats.consecutive_failures += 1
+            over = self.stats.consecutive_failures > self.settings.max_retries
+        return "stop" if over else "continue"
+
+    def stop_for_failures(self, message_id: str, error: BaseException, *, internal: bool = False) -> None:
+        """Maximum retries exceeded (or the container failed): stop this port fleet-wide."""
+        if internal:
+            reason = f"container error on message {message_id}: {describe(error)}"
+        else:
+            reason = (
+                f"maximum retries ({self.settings.max_retries}) exceeded: "
+                f"{self.stats.consecutive_failures} consecutive failed deliveries, last message "
+                f"{message_id}: {describe(error)}"
+            )
+        log.error("port %s stopped: %s", self.name, reason)
+        self.stop(reason)
+        self.resources.control.set_port(self.name, "stopped", reason)
+
+    # -- infrastructure outages --------------------------------------------
+
+    def wait_out_outage(self, error: BaseException) -> bool:
+        """Hold a delivery while the database is away; False when the port is stopping."""
+        self.resources.outage("database", error)
+        return not self._stopping.wait(1.0) and not self.resources.shutting_down
+
+    def outage_over(self) -> None:
+        self.resources.recovered("database")
+
+
+class Consumer:
+    """One consumer thread: connect, declare, consume, and reconnect with backoff."""
+
+    def __init__(self, port: ListenerPort, index: int) -> None:
+        self.port = port
+        self.index = index
+        self.consuming = False
+        self.handing_back = False
+        self._publisher: Publisher | None = None
+        self._handed_back: list[str] = []
+        self._wake = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, name=f"mdb-{port.name}-{index}", daemon=True
+        )
+        self.alive_at = time.monotonic()
+
+    @property
+    def publisher(self) -> Publisher:
+        if self._publisher is None:
+            self._publisher = Publisher(self.port.resources.broker)
+        return self._publisher
+
+    def publish(self, message: Outgoing) -> None:
+        """Publish with confirm (and mandatory for a queue); a failure leaves the original unacked."""
+        publisher = self.publisher
+        exchange, routing_key, mandatory = publisher.route(message.destination)
+        publisher.publish(exchange=exchange, routing_key=routing_key, body=message.body,
+                          properties=message.properties, mandatory=mandatory)
+
+    def sleep(self, seconds: float) -> None:
+        self.port._stopping.wait(seconds)
+
+    def _should_run(self) -> bool:
+        return not self.port.stopping and not self.port.resources.shutting_down
+
+    def _run(self) -> None:
+        pipeline = Pipeline(self.port, self)
+        try:
+            while self._should_run():
+                sub = self._open(pipeline)
+                if sub is None:
+                    break
+                try:
+                    self._drain(sub)
+                except connection_errors() as exc:
+                    self.port.resources.outage("broker", exc)
+                finally:
+                    self._set_consuming(False)
+                    sub.close()
+        except Exception as exc:
+            if self._should_run():
+                log.exception("port %s consumer %d ended: %s", self.port.name, self.index, exc)
+        finally:
+            pipeline.invoker.discard()
+            if self._publisher is not None:
+                self._publisher.close()
+
+    def _open(self, pipeline: Pipeline) -> Subscription | None:
+        """Connect and start consuming, retrying with backoff until it works or the port stops."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(connection_errors()),
+            wait=self.port.policy.wait(),
+            stop=tenacity.stop_when_event_set(self.port._stopping),
+            sleep=self.sleep,
+            before_sleep=lambda state: self.port.resources.outage(
+                "broker", state.outcome.exception() if state.outcome else None
+            ),
+            reraise=True,
+        )
+        try:
+            return retrying(self._subscribe, pipeline)
+        except connection_errors():
+            return None
+
+    def _subscribe(self, pipeline: Pipeline) -> Subscription | None:
+        if not self._should_run():
+            return None
+        sub = Subscription(self.port.resources.broker, self.port.queue,
+                           self.port.settings.prefetch, pipeline, self.port.declare)
+        try:
+            sub.open()
+        except BaseException:
+            sub.close()
+            raise
+        return sub
+
+    def _drain(self, sub: Subscription) -> None:
+        self.port.resources.recovered("broker")
+        self._set_consuming(True)
+        while self._should_run():
+            self.alive_at = time.monotonic()
+            sub.drain(0.5)
+        self._hand_back_all(sub)
+
+    def _set_consuming(self, value: bool) -> None:
+        if self.consuming != value:
+            self.consuming = value
+            self.port.consumer_changed()
+
+    def _hand_back_all(self, sub: Subscription) -> None:
+        """Graceful stop: cancel, so deliveries sent before the cancel reach hand_back() too."""
+        self.handing_back = True
+        sub.cancel()
+        self._flush_hand_backs()
+        self.handing_back = False
+
+    def hand_back(self, raw: Any, message_id: str | None = None) -> None:
+        """Return an unprocessed delivery to its queue without counting it as a failure."""
+        message_id = message_id or raw.properties.get("message_id")
+        if message_id and raw.delivery_info.get("redelivered") is not None:
+            self._handed_back.append(str(message_id))
+        self._flush_hand_backs()
+        raw.reject(requeue=True)
+
+    def _flush_hand_backs(self) -> None:
+        if not self._handed_back:
+            return
+        ids, self._handed_back = self._handed_back, []
+        try:
+            self.port.resources.counter.hand_back(self.port.queue, ids)
+        except Exception as exc:  # the database is away: the message may count once more
+            log.warning("port %s: could not record %d hand-back(s): %s",
+                        self.port.name, len(ids), describe(exc))
+

@@ -1,0 +1,387 @@
+"""Settings: the TOML file, its ``MDB_...`` environment overrides, and validation.
+
+The models mirror the file: ``[container]``, ``[queues.NAME]``, ``[topics.NAME]``
+and ``[ports.NAME]``. Unknown keys are errors (a typo must not be silently
+ignored), and every error is one line naming the file and the key path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import tomllib
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from .errors import SettingsError
+
+ENV_PREFIX = "MDB_"
+# Environment variables that configure the tool itself rather than a key of the file.
+_RESERVED_ENV = {"MDB_SETTINGS", "MDB_REQUIRE_SERVICES", "MDB_CRASH_AT", "MDB_CRASH_ONCE_FILE"}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: Any) -> Any:
+    """Turn ``"500ms"``, ``"30s"``, ``"5m"``, ``"7d"`` (or seconds as a number) into a timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("a duration is a string such as '30s', '500ms', '5m' or '7d'")
+    if isinstance(value, int | float):
+        return timedelta(seconds=value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a duration such as '30s', '500ms', '5m' or '7d'")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def format_duration(value: timedelta) -> str:
+    """Print a duration the way the settings file spells it."""
+    ms = round(value.total_seconds() * 1000)
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str),
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ContainerSettings(_Strict):
+    """``[container]``: what the whole process shares."""
+
+    broker_url: str = "embedded://.mdb/broker.db"
+    database_url: str = "sqlite:///.mdb/container.db"
+    listeners: list[str] = Field(default_factory=list)
+    dead_letter_queue: str = "SYSTEM.DEAD.LETTER.QUEUE"
+    dedup_retention: Duration = timedelta(days=7)
+    shutdown_timeout: Duration = timedelta(seconds=30)
+    connect_timeout: Duration = timedelta(seconds=10)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    table_prefix: str = Field(default="mdb_", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    db_schema: str | None = None
+    control_interval: Duration = timedelta(seconds=1)
+    ssl_ca: str | None = None
+    ssl_cert: str | None = None
+    ssl_key: str | None = None
+
+
+class QueueSettings(_Strict):
+    """``[queues.NAME]``: properties of a destination, declared by the container."""
+
+    backout_threshold: int = Field(default=5, ge=0)
+    backout_queue: str | None = None
+    max_priority: int | None = Field(default=None, ge=1, le=255)
+    redelivery_delay: Duration = timedelta(0)
+    redelivery_backoff: float = Field(default=1.0, ge=1.0)
+    redelivery_delay_max: Duration = timedelta(minutes=5)
+    quorum: bool = False
+    expiry_queue: str | None = None
+
+
+class TopicSettings(_Strict):
+    """``[topics.NAME]``: a topic is a durable topic exchange of that name."""
+
+
+TransactionKind = Literal["container", "bean", "none"]
+TransactionAttribute = Literal["Required", "RequiresNew", "NotSupported"]
+AcknowledgeMode = Literal["auto", "client", "dups_ok", "transacted"]
+
+
+class PortSettings(_Strict):
+    """``[ports.NAME]``: a listener port, the consumers that feed one handler."""
+
+    destination: str | None = None
+    topic: str | None = None
+    max_retries: int = Field(default=0, ge=0)
+    concurrency: int = Field(default=1, ge=1, le=256)
+    prefetch: int = Field(default=10, ge=1, le=65535)
+    transaction: TransactionKind = "container"
+    transaction_attribute: TransactionAttribute = "Required"
+    acknowledge: AcknowledgeMode = "auto"
+    once_only: bool | None = None
+    accept: list[str] = Field(default_factory=lambda: ["application/json", "text/plain"])
+    max_message_bytes: int = Field(default=1024 * 1024, ge=1)
+    missing_id: Literal["backout", "body-hash"] = "backout"
+    client_id: str | None = None
+    subscription: str | None = None
+    durable: bool = False
+    autostart: bool = True
+
+    @model_validator(mode="after")
+    def _coherent(self) -> PortSettings:
+        if (self.destination is None) == (self.topic is None):
+            raise ValueError("a port needs exactly one of 'destination' (a queue) or 'topic'")
+        if self.durable and not (self.client_id and self.subscription):
+            raise ValueError("durable = true needs both 'client_id' and 'subscription'")
+        if self.transaction == "container" and self.acknowledge != "auto":
+            raise ValueError(
+                f"acknowledge = {self.acknowledge!r} cannot apply with transaction = "
+                "'container': the container acknowledges after its commit"
+            )
+        if self.once_only and not self.transactional:
+            raise ValueError(
+                "once_only = true needs a database transaction for the dedup row: use "
+                "transaction = 'container' (Required) or 'bean'"
+            )
+        if "application/x-python-serialize" in self.accept or any(
+            "pickle" in ctype for ctype in self.accept
+        ):
+            raise ValueError("pickle is never accepted: it runs code from the message")
+        return self
+
+    @property
+    def transactional(self) -> bool:
+        """True when a database transaction wraps the delivery (CMT Required or BMT)."""
+        if self.transaction == "bean":
+            return True
+        return self.transaction == "container" and self.transaction_attribute != "NotSupported"
+
+    @property
+    def is_once_only(self) -> bool:
+        """The dedup table applies: on by default wherever a transaction exists."""
+        return self.transactional if self.once_only is None else self.once_only
+
+    @property
+    def queue_name(self) -> str:
+        """The queue the consumers read: the destination, or the subscription's queue."""
+        if self.destination is not None:
+            return self.destination
+        return self.subscription_queue
+
+    @property
+    def subscription_queue(self) -> str:
+        """A durable subscription is the queue ``CLIENT_ID.SUBSCRIPTION`` (contract section 6)."""
+        if self.client_id and self.subscription:
+            return f"{self.client_id}.{self.subscription}"
+        return ""
+
+
+class Settings(BaseSettings):
+    """The whole settings file, after environment overrides."""
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True)
+
+    container: ContainerSettings = Field(default_factory=ContainerSettings)
+    queues: dict[str, QueueSettings] = Field(default_factory=dict)
+    topics: dict[str, TopicSettings] = Field(default_factory=dict)
+    # Raw tables: a port is validated at bind time, merged over its decorator's defaults.
+    ports: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    source: str = Field(default="<defaults>", exclude=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file and the environment are merged by load_settings(), which must
+        # match port and queue names case-insensitively; pydantic-settings' own env
+        # source would lowercase them and create new ports instead.
+        return (init_settings,)
+
+    def queue(self, name: str) -> QueueSettings:
+        """The properties of queue ``name``: its table, or the defaults."""
+        return self.queues.get(name) or QueueSettings()
+
+    def backout_queue_for(self, name: str) -> str:
+        """BOQNAME: the queue's backout queue, else the container's dead-letter queue."""
+        return self.queue(name).backout_queue or self.container.dead_letter_queue
+
+    def backout_queues(self) -> list[str]:
+        """Every backout queue the settings name, the dead-letter queue first."""
+        names = [self.container.dead_letter_queue]
+        names += [q.backout_queue for q in self.queues.values() if q.backout_queue]
+        return list(dict.fromkeys(names))
+
+    def port_overrides(self, name: str) -> dict[str, Any]:
+        """The keys the file (and environment) set for port ``name``, to lay over decorator defaults."""
+        return dict(self.ports.get(name) or {})
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingsError(f"{path}: settings file not found") from None
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: invalid TOML: {exc}") from None
+
+
+def _env_value(raw: str) -> Any:
+    """An override is read as TOML/JSON when it parses (numbers, booleans, lists), else as text."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        pass
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _match_key(table: dict[str, Any], key: str) -> str:
+    for existing in table:
+        if existing.lower() == key.lower():
+            return existing
+    return key.lower() if table is not None else key
+
+
+def apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+    """Lay ``MDB_A__B__C=value`` overrides over the file's data, matching names case-insensitively."""
+    for name, raw in sorted(environ.items()):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in _RESERVED_ENV:
+            continue
+        path = [part for part in name[len(ENV_PREFIX) :].split("__") if part]
+        if len(path) < 2:
+            continue
+        table = data
+        for part in path[:-1]:
+            key = _match_key(table, part)
+            table = table.setdefault(key, {})
+            if not isinstance(table, dict):
+                raise SettingsError(f"{name}: {'.'.join(path)} overrides a value that is not a table")
+        table[_match_key(table, path[-1])] = _env_value(raw)
+    return data
+
+
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = Settings
+    for part in loc[:-1]:
+        fields = getattr(model, "model_fields", None)
+        if fields is None:
+            continue
+        if part in fields:
+            annotation = fields[part].annotation
+            model = _model_of(annotation)
+    fields = getattr(model, "model_fields", {})
+    return [name for name in fields if name != "source"]
+
+
+def _model_of(annotation: Any) -> Any:
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+        for inner in getattr(candidate, "__args__", ()):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                return inner
+    return annotation
+
+
+def describe_error(source: str, exc: ValidationError) -> str:
+    """One line naming the file, the key path and what is wrong, with a suggestion for typos."""
+    parts = []
+    for error in exc.errors():
+        loc = tuple(str(p) for p in error["loc"] if not str(p).startswith("function-"))
+        loc = tuple(p for p in loc if p not in {"PortSettings", "dict[str,any]"})
+        where = ".".join(loc) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = f"unknown key '{loc[-1]}'"
+            close = difflib.get_close_matches(loc[-1], _known_keys(loc), n=1)
+            if close:
+                message += f". Did you mean '{close[0]}'?"
+        parts.append(f"{where}: {message}")
+    more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
+    return f"{source}: {parts[0]}{more}"
+
+
+def validate_port(source: str, name: str, data: dict[str, Any]) -> PortSettings:
+    """Validate one port's merged settings, with errors naming ``ports.NAME``."""
+    try:
+        return PortSettings.model_validate(data)
+    except ValidationError as exc:
+        line = describe_error(source, exc)
+        prefix = f"{source}: "
+        raise SettingsError(prefix + f"ports.{name}." + line[len(prefix) :]) from None
+
+
+def settings_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """``-c FILE``, else ``$MDB_SETTINGS``, else ``./settings.toml``."""
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("MDB_SETTINGS") or "settings.toml")
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None
+) -> Settings:
+    """Read the settings file and the environment; raise SettingsError with one line on any fault."""
+    file = settings_path(path)
+    data = apply_env(_load_toml(file), dict(os.environ if environ is None else environ))
+    return settings_from_dict(data, source=str(file))
+
+
+def settings_from_dict(data: dict[str, Any], source: str = "<settings>") -> Settings:
+    """Validate settings given as a dict (tests and embedding applications)."""
+    try:
+        # Ports are validated twice: here without decorator defaults to catch
+        # unknown keys and types early, and again at bind time merged with them.
+        _check_port_keys(source, data.get("ports", {}))
+        return Settings(**data, source=source)
+    except ValidationError as exc:
+        raise SettingsError(describe_error(source, exc)) from None
+
+
+def _check_port_keys(source: str, ports: Any) -> None:
+    if not isinstance(ports, dict):
+        raise SettingsError(f"{source}: ports: must be a table of [ports.NAME] tables")
+    for name, table in ports.items():
+        if not isinstance(table, dict):
+            raise SettingsError(f"{source}: ports.{name}: must be a table")
+        fields = PortSettings.model_fields
+        for key in table:
+            if key not in fields:
+                close = difflib.get_close_matches(key, list(fields), n=1)
+                hint = f". Did you mean '{close[0]}'?" if close else ""
+                raise SettingsError(f"{source}: ports.{name}.{key}: unknown key '{key}'{hint}")
+        try:
+            probe = {"destination": "x"} if "destination" not in table and "topic" not in table else {}
+            PortSettings.model_validate({**probe, **table})
+        except ValidationError as exc:
+            errors = [e for e in exc.errors() if e["type"] != "value_error"]
+            if errors:
+                first = ValidationError.from_exception_data(exc.title, errors)  # type: ignore[arg-type]
+                line = describe_error(source, first)
+                raise SettingsError(
+                    f"{source}: ports.{name}." + line[len(source) + 2 :]
+                ) from None
+
+
+def mask_url(url: str) -> str:
+    """Hide the password of a URL: ``amqp://guest:***@host``."""
+    return re.sub(r"(?<=://)([^:/@]*):([^@/]*)@", lambda m: f"{m.group(1)}:***@", url)

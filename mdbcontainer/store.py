@@ -1,0 +1,163 @@
+"""The container's tables, in the user's database beside the business tables.
+
+They live in ``container.database_url`` because one transaction must cover a
+handler's work and its dedup row (and its outbox sends). Names carry
+``container.table_prefix`` and, where set, ``container.db_schema``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Engine,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from .settings import ContainerSettings
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The container's tables for one prefix and schema."""
+
+    metadata: MetaData
+    dedup: Table
+    delivery: Table
+    outbox: Table
+    port: Table
+    container: Table
+
+    @classmethod
+    def build(cls, prefix: str = "mdb_", schema: str | None = None) -> Tables:
+        md = MetaData(schema=schema)
+        ts = DateTime(timezone=True)
+        dedup = Table(
+            f"{prefix}dedup", md,
+            Column("port", String(200), primary_key=True),
+            Column("message_id", String(255), primary_key=True),
+            Column("processed_at", ts, nullable=False),
+            Index(f"ix_{prefix}dedup_processed_at", "processed_at"),
+        )  # fmt: skip
+        # Counts of earlier deliveries, kept durable so that a crash or a second
+        # replica never resets them (a count in memory loops forever).
+        delivery = Table(
+            f"{prefix}delivery", md,
+            Column("queue", String(255), primary_key=True),
+            Column("message_id", String(255), primary_key=True),
+            Column("opened", Integer, nullable=False, default=0),
+            Column("closed", Integer, nullable=False, default=0),
+            Column("failures", Integer, nullable=False, default=0),
+            Column("last_exception", Text),
+            Column("updated_at", ts, nullable=False),
+            Index(f"ix_{prefix}delivery_updated_at", "updated_at"),
+        )  # fmt: skip
+        outbox = Table(
+            f"{prefix}outbox", md,
+            Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                   autoincrement=True),
+            Column("created_at", ts, nullable=False),
+            Column("port", String(200), nullable=False),
+            Column("exchange", String(255), nullable=False),
+            Column("routing_key", String(255), nullable=False),
+            Column("declare_queue", String(255)),
+            Column("mandatory", Boolean, nullable=False),
+            Column("body", LargeBinary, nullable=False),
+            Column("properties", Text, nullable=False),
+            Index(f"ix_{prefix}outbox_created_at", "created_at"),
+        )  # fmt: skip
+        port = Table(
+            f"{prefix}port", md,
+            Column("name", String(200), primary_key=True),
+            Column("state", String(16), nullable=False),
+            Column("reason", Text),
+            Column("since", ts, nullable=False),
+            Column("generation", Integer, nullable=False, default=0),
+        )  # fmt: skip
+        container = Table(
+            f"{prefix}container", md,
+            Column("id", String(64), primary_key=True),
+            Column("host", String(255), nullable=False),
+            Column("pid", Integer, nullable=False),
+            Column("started_at", ts, nullable=False),
+            Column("heartbeat_at", ts, nullable=False),
+            Column("stopped", Boolean, nullable=False, default=False),
+            Column("stats", Text, nullable=False),
+        )  # fmt: skip
+        return cls(md, dedup, delivery, outbox, port, container)
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for ``url``; on SQLite, WAL and BEGIN IMMEDIATE so writers queue instead of failing."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        kwargs.setdefault("pool_pre_ping", True)
+        kwargs.setdefault("pool_size", 10)
+        kwargs.setdefault("max_overflow", 20)
+        return create_engine(url, **kwargs)
+    if parsed.database and parsed.database != ":memory:":
+        from pathlib import Path
+
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        # The driver's own implicit BEGIN would take a read lock and fail on upgrade.
+        dbapi_connection.isolation_level = None
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        dbapi_connection.execute("PRAGMA busy_timeout=30000")
+        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+class Store:
+    """The database side of a container: engine, session factory and tables."""
+
+    def __init__(self, settings: ContainerSettings, engine: Engine | None = None) -> None:
+        self.engine = engine or make_engine(settings.database_url)
+        self.tables = Tables.build(settings.table_prefix, settings.db_schema)
+        self.sessions = sessionmaker(bind=self.engine, expire_on_commit=False)
+        self.dialect = self.engine.dialect.name
+
+    def create_tables(self) -> None:
+        """Create the container's tables where missing (idempotent, safe from several processes)."""
+        with self.engine.begin() as conn:
+            schema = self.tables.metadata.schema
+            if schema and self.dialect == "postgresql":
+                conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            if self.dialect == "postgresql":
+                # Two containers starting at once must not race on CREATE TABLE.
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7426001)")
+            self.tables.metadata.create_all(conn)
+
+    def session(self) -> Session:
+        return self.sessions()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
