@@ -1,0 +1,5 @@
+"""``python -m mdbcontainer`` is ``mdb``."""
+
+from .cli import main
+
+main()

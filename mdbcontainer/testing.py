@@ -1,0 +1,225 @@
+"""Test helpers users can use too: run ``mdb run`` as a real process, write settings, peek at queues.
+
+They drive the container the way a user does (a settings file, a process, the
+broker), so a test built on them proves what a user would see, crashes
+included: :meth:`ContainerProcess.kill` is a real SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import kombu
+
+from .broker import Broker
+from .control import Control
+from .settings import Settings, load_settings
+from .store import Store
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    """A small TOML writer for settings made in tests (tables of scalars and lists)."""
+    lines: list[str] = []
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    for key, value in scalars.items():
+        lines.append(f"{_key(key)} = {_value(value)}")
+    for key, value in data.items():
+        if isinstance(value, dict):
+            _table(lines, [key], value)
+    return "\n".join(lines) + "\n"
+
+
+def _table(lines: list[str], path: list[str], table: dict[str, Any]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    subtables = {k: v for k, v in table.items() if isinstance(v, dict)}
+    if scalars or not subtables:
+        lines.append(f"\n[{'.'.join(_key(p) for p in path)}]")
+        lines.extend(f"{_key(k)} = {_value(v)}" for k, v in scalars.items())
+    for key, value in subtables.items():
+        _table(lines, [*path, key], value)
+
+
+def _key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def write_settings(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(dump_toml(data), encoding="utf-8")
+    return path
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.1,
+             what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; raise AssertionError on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class ContainerProcess:
+    """``mdb run`` as a child process, with its output kept in a log file."""
+
+    def __init__(self, settings_path: Path, *, ports: list[str] | None = None,
+                 env: dict[str, str] | None = None, cwd: Path | None = None,
+                 log_path: Path | None = None) -> None:
+        self.settings_path = Path(settings_path)
+        self.settings: Settings = load_settings(self.settings_path, environ={})
+        self.ports = ports or []
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd or self.settings_path.parent
+        self.log_path = log_path or self.settings_path.with_suffix(".log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: bool = True, timeout: float = 30.0) -> ContainerProcess:
+        args = [sys.executable, "-m", "mdbcontainer", "run", "-c", str(self.settings_path)]
+        for port in self.ports:
+            args += ["--port", port]
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=self.cwd)
+        log.close()
+        if wait:
+            self.wait_started(timeout)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def rows(self) -> list[dict[str, Any]]:
+        """This process's ports as ``mdb ports --json`` shows them."""
+        store = Store(self.settings.container)
+        try:
+            return [r for r in Control(store).live() if r["container"].split(":")[-2] == str(self.pid)]
+        except Exception:
+            return []
+        finally:
+            store.dispose()
+
+    def wait_started(self, timeout: float = 30.0, ports: list[str] | None = None) -> None:
+        """Wait until every port (or the given ones) shows ``started``; fail early if the process died."""
+
+        def started() -> bool:
+            self._check_alive()
+            rows = self.rows()
+            wanted = ports or self.ports or [r["port"] for r in rows]
+            states = {r["port"]: r["state"] for r in rows}
+            return bool(rows) and all(states.get(p) == "started" for p in wanted)
+
+        wait_for(started, timeout, 0.2, f"ports of {self.settings_path.name} to start")
+
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(
+                f"mdb run exited with {self.proc.returncode}:\n{self.output()[-3000:]}"
+            )
+
+    def port_state(self, port: str) -> dict[str, Any] | None:
+        return next((r for r in self.rows() if r["port"] == port), None)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then wait; returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> int:
+        """SIGKILL: the crash the guarantees must survive."""
+        assert self.proc is not None
+        with suppress(ProcessLookupError):
+            self.proc.kill()
+        return self.proc.wait(30)
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> ContainerProcess:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if self.alive():
+            self.kill()
+        if exc_type is not None:  # shown by pytest with the failure
+            print(f"--- output of mdb run ({self.settings_path}) ---\n{self.output()[-6000:]}")
+
+
+class QueueProbe:
+    """Looks at queues on the settings' broker without consuming what stays."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.broker = Broker(settings)
+
+    def _channel_do(self, action: Callable[[Any], Any]) -> Any:
+        conn: kombu.Connection = self.broker.connect()
+        try:
+            return action(conn.channel())
+        finally:
+            conn.close()
+
+    def count(self, queue: str) -> int:
+        """Messages ready on ``queue`` (0 when it does not exist)."""
+
+        def act(channel: Any) -> int:
+            try:
+                return int(channel.queue_declare(queue=queue, passive=True).message_count)
+            except Exception:
+                return 0
+
+        return int(self._channel_do(act))
+
+    def take_all(self, queue: str, limit: int = 100_000) -> list[Any]:
+        """Consume and acknowledge every ready message of ``queue`` (for assertions at the end)."""
+
+        def act(channel: Any) -> list[Any]:
+            out = []
+            while len(out) < limit:
+                try:
+                    message = channel.basic_get(queue=queue, no_ack=True)
+                except Exception:
+                    break
+                if message is None:
+                    break
+                out.append(message)
+            return out
+
+        return list(self._channel_do(act))
+
+    def purge(self, queue: str) -> None:
+        def act(channel: Any) -> None:
+            with suppress(Exception):
+                channel.queue_purge(queue=queue)
+
+        self._channel_do(act)

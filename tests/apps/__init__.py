@@ -1,0 +1,1 @@
+"""Listener modules the tests deploy; their behaviour is chosen by each message's body."""

@@ -1,0 +1,72 @@
+"""What the test handlers do, chosen by the body: ``{"n": 1, "action": "ok"}``.
+
+Actions: ok, fail (raise), rollback (set_rollback_only), kill (SIGKILL this
+process), move (ctx.move_to body["to"]), send (ctx.send body["to"]),
+constraint (violate a unique key at commit), sleep (body["seconds"]).
+
+Every delivery attempt is appended to the file ``$MDB_TEST_LOG`` (one line:
+port, message id, action, redelivery count) before the action runs, so a test
+sees attempts that rolled back or crashed. Committed work is a row in the
+``effects`` table (schema ``$MDB_TEST_SCHEMA`` on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint
+
+from mdbcontainer import Message, MessageContext
+
+metadata = MetaData(schema=os.environ.get("MDB_TEST_SCHEMA") or None)
+effects = Table(
+    "effects", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("port", String(100), nullable=False),
+    Column("message_id", String(255), nullable=False),
+    Column("n", Integer),
+)
+unique_keys = Table(
+    "unique_keys", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key", String(100), nullable=False),
+    UniqueConstraint("key", name="uq_unique_keys_key"),
+)
+
+
+def log_attempt(port: str, message: Message) -> None:
+    path = os.environ.get("MDB_TEST_LOG")
+    if not path:
+        return
+    body = message.body if isinstance(message.body, dict) else {}
+    line = f"{port}\t{message.id}\t{body.get('action', 'ok')}\t{message.redelivery_count}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def perform(port: str, message: Message, ctx: MessageContext, session: Any | None) -> None:
+    body: dict[str, Any] = message.body if isinstance(message.body, dict) else {"action": "ok"}
+    action = body.get("action", "ok")
+    log_attempt(port, message)
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "fail":
+        raise RuntimeError(f"poison message {body.get('n')}")
+    if action == "sleep":
+        time.sleep(float(body.get("seconds", 1)))
+    if session is not None:
+        session.execute(effects.insert().values(port=port, message_id=message.id, n=body.get("n")))
+        if action == "constraint":
+            session.execute(unique_keys.insert().values(key="always-the-same"))
+    if action == "send":
+        ctx.send(body["to"], {"n": body.get("n"), "action": "ok"}, message_id=f"{message.id}.out")
+    if action == "rollback":
+        ctx.set_rollback_only()
+    if action == "move":
+        ctx.move_to(body["to"], "moved by the handler")

@@ -1,0 +1,192 @@
+"""Fixtures: every behaviour test runs on the embedded broker and on RabbitMQ + PostgreSQL.
+
+Queue names and PostgreSQL schemas are unique per test (uuid4), so tests never
+see each other's messages. With MDB_REQUIRE_SERVICES=1 (CI), a service that
+cannot be reached fails the test instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import MetaData, create_engine, text
+
+from mdbcontainer.producer import Producer
+from mdbcontainer.settings import Settings, load_settings
+from mdbcontainer.testing import ContainerProcess, QueueProbe, write_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
+POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def reachable(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require(port: int, name: str) -> None:
+    if reachable(port):
+        return
+    message = f"{name} is not reachable on 127.0.0.1:{port}"
+    if os.environ.get("MDB_REQUIRE_SERVICES"):
+        pytest.fail(message + " (MDB_REQUIRE_SERVICES=1: a missing service is a failure)")
+    pytest.skip(message)
+
+
+class Backend:
+    """One test's broker and database, settings writer and probes."""
+
+    def __init__(self, kind: str, tmp: Path) -> None:
+        self.kind = kind
+        self.tmp = tmp
+        self.tag = uuid.uuid4().hex[:8]
+        self.log = tmp / "attempts.log"
+        self.schema: str | None = None
+        if kind == "rabbitmq":
+            require(5672, "RabbitMQ")
+            require(5432, "PostgreSQL")
+            self.broker_url = RABBITMQ_URL
+            self.database_url = POSTGRES_URL
+            self.schema = f"t_{self.tag}"
+        else:
+            self.broker_url = f"embedded://{tmp / 'broker.db'}"
+            self.database_url = f"sqlite:///{tmp / 'container.db'}"
+        self.queues: set[str] = set()
+        self.engine = create_engine(self.database_url)
+        self._create_business_tables()
+
+    def _create_business_tables(self) -> None:
+        from tests.apps import common
+
+        if self.schema:
+            with self.engine.begin() as conn:
+                conn.execute(text(f'CREATE SCHEMA "{self.schema}"'))
+        md = MetaData(schema=self.schema)
+        for table in common.metadata.tables.values():
+            table.to_metadata(md, schema=self.schema)
+        md.create_all(self.engine)
+        self.metadata = md
+
+    def q(self, name: str) -> str:
+        """A queue name unique to this test."""
+        unique = f"{name}-{self.tag}"
+        self.queues.add(unique)
+        return unique
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "MDB_TEST_LOG": str(self.log),
+            "MDB_TEST_SCHEMA": self.schema or "",
+            "PYTHONPATH": str(ROOT),
+        }
+
+    def settings_data(self, ports: dict[str, Any], queues: dict[str, Any] | None = None,
+                      topics: dict[str, Any] | None = None, listeners: list[str] | None = None,
+                      **container: Any) -> dict[str, Any]:
+        modules = listeners or sorted({f"tests.apps.{_module_of(p)}" for p in ports})
+        base: dict[str, Any] = {
+            "broker_url": self.broker_url,
+            "database_url": self.database_url,
+            "listeners": modules,
+            "dead_letter_queue": self.q("DLQ"),
+            "control_interval": "200ms",
+            "shutdown_timeout": "20s",
+        }
+        if self.schema:
+            base["db_schema"] = self.schema
+        base.update(container)
+        data: dict[str, Any] = {"container": base, "ports": ports}
+        if queues:
+            data["queues"] = queues
+        if topics:
+            data["topics"] = topics
+        return data
+
+    def write(self, name: str = "settings.toml", **kwargs: Any) -> Path:
+        return write_settings(self.tmp / name, self.settings_data(**kwargs))
+
+    def settings(self, path: Path) -> Settings:
+        return load_settings(path, environ={})
+
+    def container(self, path: Path, **kwargs: Any) -> ContainerProcess:
+        return ContainerProcess(path, env=self.env, cwd=ROOT, **kwargs)
+
+    def producer(self, path: Path) -> Producer:
+        return Producer.from_settings(self.settings(path))
+
+    def probe(self, path: Path) -> QueueProbe:
+        return QueueProbe(self.settings(path))
+
+    def effects(self, port: str | None = None) -> Counter[str]:
+        table = self.metadata.tables[f"{self.schema}.effects" if self.schema else "effects"]
+        query = table.select()
+        if port:
+            query = query.where(table.c.port == port)
+        with self.engine.connect() as conn:
+            return Counter(row.message_id for row in conn.execute(query))
+
+    def attempts(self, port: str | None = None) -> list[tuple[str, str, str, int]]:
+        if not self.log.exists():
+            return []
+        rows = []
+        for line in self.log.read_text().splitlines():
+            p, mid, action, count = line.split("\t")
+            if port is None or p == port:
+                rows.append((p, mid, action, int(count)))
+        return rows
+
+    def close(self) -> None:
+        if self.kind == "rabbitmq":
+            _delete_queues(self.queues)
+            with self.engine.begin() as conn:
+                conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
+        self.engine.dispose()
+
+
+def _module_of(port: str) -> str:
+    return {"Work": "work", "Bean": "bean", "Downstream": "downstream", "Typed": "typed"}[port]
+
+
+def _delete_queues(names: set[str]) -> None:
+    import kombu
+
+    try:
+        with kombu.Connection(RABBITMQ_URL, connect_timeout=3) as conn:
+            channel = conn.channel()
+            for name in names:
+                try:
+                    channel.queue_delete(queue=name)
+                except Exception:
+                    channel = conn.channel()
+    except Exception:
+        pass
+
+
+@pytest.fixture(params=["embedded", pytest.param("rabbitmq", marks=[pytest.mark.rabbitmq, pytest.mark.postgres])])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    b = Backend(request.param, tmp_path)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def rabbit(tmp_path: Path) -> Any:
+    """RabbitMQ + PostgreSQL only (crash tests that need broker delivery semantics)."""
+    b = Backend("rabbitmq", tmp_path)
+    yield b
+    b.close()
