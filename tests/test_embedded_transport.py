@@ -455,6 +455,7 @@ def test_competing_consumer_processes_get_each_message_once(db: str, conn: Conne
         with kombu.Connection("embedded://" + DB) as c:
             def on(body, m):
                 seen.append(body)
+                time.sleep(0.002)  # a little work, so the other poller gets its turn
                 m.ack()
             with Consumer(c, [Queue({name!r}, no_declare=True)], callbacks=[on], prefetch_count=5):
                 print("ready", flush=True)
