@@ -254,11 +254,12 @@ def _env_value(raw: str) -> Any:
         return raw
 
 
-def _match_key(table: dict[str, Any], key: str) -> str:
+def _match_key(table: dict[str, Any], key: str, *, is_name: bool = False) -> str:
+    """The table's own spelling of ``key``; a new key is a field (lowercase) or a name (as given)."""
     for existing in table:
         if existing.lower() == key.lower():
             return existing
-    return key.lower() if table is not None else key
+    return key if is_name else key.lower()
 
 
 def apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
@@ -270,8 +271,9 @@ def apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
         if len(path) < 2:
             continue
         table = data
-        for part in path[:-1]:
-            key = _match_key(table, part)
+        for depth, part in enumerate(path[:-1]):
+            named = depth == 1 and path[0].lower() in {"queues", "topics", "ports"}
+            key = _match_key(table, part, is_name=named)
             table = table.setdefault(key, {})
             if not isinstance(table, dict):
                 raise SettingsError(f"{name}: {'.'.join(path)} overrides a value that is not a table")

@@ -1,0 +1,163 @@
+"""Settings: the TOML file, environment overrides, durations and one-line errors."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from mdbcontainer.errors import ListenerError, SettingsError
+from mdbcontainer.settings import (
+    PortSettings,
+    format_duration,
+    load_settings,
+    mask_url,
+    parse_duration,
+    settings_from_dict,
+)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "settings.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_follow_the_websphere_embedded_jms_server() -> None:
+    settings = settings_from_dict({})
+    assert settings.container.dead_letter_queue == "SYSTEM.DEAD.LETTER.QUEUE"
+    assert settings.container.dedup_retention == timedelta(days=7)
+    assert settings.queue("ANY").backout_threshold == 5
+    port = PortSettings(destination="Q")
+    assert (port.max_retries, port.concurrency, port.prefetch) == (0, 1, 10)
+    assert port.transaction == "container" and port.is_once_only
+    assert port.accept == ["application/json", "text/plain"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("500ms", 0.5), ("30s", 30), ("5m", 300), ("7d", 604800), ("2h", 7200), (15, 15)],
+)
+def test_durations(text: str | int, expected: float) -> None:
+    assert parse_duration(text).total_seconds() == expected
+
+
+def test_duration_round_trip_and_bad_duration() -> None:
+    assert format_duration(timedelta(seconds=30)) == "30s"
+    assert format_duration(timedelta(milliseconds=1500)) == "1500ms"
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration("soon")
+
+
+def test_unknown_key_is_an_error_with_a_suggestion(tmp_path: Path) -> None:
+    path = write(tmp_path, '[ports.OrdersPort]\ndestination = "ORDERS"\nmax_retry = 3\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, environ={})
+    message = str(err.value)
+    assert message == (
+        f"{path}: ports.OrdersPort.max_retry: unknown key 'max_retry'. Did you mean 'max_retries'?"
+    )
+    assert "\n" not in message
+
+
+def test_unknown_container_key_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, '[container]\nbroker_ulr = "memory://"\n')
+    with pytest.raises(SettingsError, match=r"container.broker_ulr: unknown key .*Did you mean 'broker_url'"):
+        load_settings(path, environ={})
+
+
+def test_wrong_type_names_file_and_key_path(tmp_path: Path) -> None:
+    path = write(tmp_path, '[ports.OrdersPort]\ndestination = "ORDERS"\nmax_retries = -1\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, environ={})
+    assert str(err.value) == (
+        f"{path}: ports.OrdersPort.max_retries: Input should be greater than or equal to 0"
+    )
+
+
+def test_malformed_toml_is_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "[container\nbroker_url = 1\n")
+    with pytest.raises(SettingsError, match=r"invalid TOML") as err:
+        load_settings(path, environ={})
+    assert "\n" not in str(err.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="settings file not found"):
+        load_settings(tmp_path / "nope.toml", environ={})
+
+
+def test_environment_overrides_any_key_case_insensitively(tmp_path: Path) -> None:
+    path = write(tmp_path, '[container]\nbroker_url = "memory://"\n[ports.OrdersPort]\ndestination = "O"\n')
+    settings = load_settings(path, environ={
+        "MDB_CONTAINER__BROKER_URL": "amqp://guest:guest@127.0.0.1//",
+        "MDB_PORTS__ORDERSPORT__MAX_RETRIES": "7",
+        "MDB_QUEUES__O__BACKOUT_THRESHOLD": "2",
+        "MDB_CONTAINER__LISTENERS": '["a.b", "c"]',
+        "MDB_SETTINGS": "ignored.toml",
+    })
+    assert settings.container.broker_url == "amqp://guest:guest@127.0.0.1//"
+    assert settings.port_overrides("OrdersPort") == {"destination": "O", "max_retries": 7}
+    assert settings.queue("O").backout_threshold == 2
+    assert settings.container.listeners == ["a.b", "c"]
+
+
+def test_settings_path_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, '[container]\ndead_letter_queue = "MY.DLQ"\n')
+    monkeypatch.setenv("MDB_SETTINGS", str(path))
+    assert load_settings().container.dead_letter_queue == "MY.DLQ"
+
+
+@pytest.mark.parametrize(
+    ("port", "message"),
+    [
+        ({"destination": "Q", "transaction": "container", "acknowledge": "client"},
+         "cannot apply with transaction = 'container'"),
+        ({"destination": "Q", "once_only": True, "transaction_attribute": "NotSupported"},
+         "once_only = true needs a database transaction"),
+        ({"destination": "Q", "topic": "t"}, "exactly one of 'destination'"),
+        ({"topic": "t", "durable": True}, "durable = true needs both"),
+        ({"destination": "Q", "accept": ["application/x-python-serialize"]}, "pickle is never accepted"),
+    ],
+)
+def test_contradictory_combinations_are_settings_errors(port: dict, message: str) -> None:
+    from mdbcontainer.settings import validate_port
+
+    with pytest.raises(SettingsError, match=message):
+        validate_port("settings.toml", "P", port)
+
+
+def test_passwords_are_masked() -> None:
+    assert mask_url("amqp://guest:s3cret@host:5672//") == "amqp://guest:***@host:5672//"
+    assert mask_url("postgresql+psycopg://app:pw@db/x") == "postgresql+psycopg://app:***@db/x"
+    assert mask_url("amqp://host//") == "amqp://host//"
+
+
+def test_bind_errors_are_one_line(tmp_path: Path) -> None:
+    from mdbcontainer.container import bind
+
+    missing = settings_from_dict({"container": {"listeners": ["no.such.module"]}})
+    with pytest.raises(ListenerError, match="listener module 'no.such.module' not found"):
+        bind(missing)
+    orphan = settings_from_dict({
+        "container": {"listeners": ["tests.apps.work"]},
+        "ports": {"Work": {"destination": "Q"}, "Ghost": {"destination": "G"}},
+    })
+    with pytest.raises(ListenerError, match=r"ports.Ghost: no handler"):
+        bind(orphan)
+    nodest = settings_from_dict({"container": {"listeners": ["tests.apps.work"]}})
+    with pytest.raises(ListenerError, match="port 'Work' has no destination"):
+        bind(nodest)
+
+
+def test_inline_defaults_are_overridden_key_by_key() -> None:
+    from mdbcontainer.container import bind
+
+    settings = settings_from_dict({
+        "container": {"listeners": ["tests.apps.bean"]},
+        "ports": {"Bean": {"destination": "Q", "max_retries": 3}},
+    })
+    [binding] = bind(settings)
+    assert binding.settings.transaction == "bean"  # from @message_driven(..., transaction="bean")
+    assert binding.settings.max_retries == 3  # from TOML
