@@ -216,6 +216,75 @@ def dedup_purge(
     guarded(lambda: purge_dedup(settings, older_than))
 
 
+# -- backout queues ---------------------------------------------------------------
+
+QueueArgument = Annotated[
+    str | None, typer.Argument(help="A backout queue (default: container.dead_letter_queue).")
+]
+QueueOption = Annotated[
+    str | None,
+    typer.Option("--queue", help="Only this queue (default: the backout queues of the settings)."),
+]
+AllOption = Annotated[bool, typer.Option("--all", help="Every message of the queue(s).")]
+ToOption = Annotated[
+    str | None, typer.Option("--to", help="Destination (default: the original destination).")
+]
+
+
+@dlq_app.command("list")
+def dlq_list(queue: QueueArgument = None, config: ConfigOption = None,
+             as_json: JsonOption = False) -> None:
+    """Browse a backout queue without consuming: every message stays, in its order."""
+    from .dlq import list_command
+
+    settings = settings_for(config)
+    guarded(lambda: list_command(settings, queue, as_json))
+
+
+@dlq_app.command("show")
+def dlq_show(message_id: Annotated[str, typer.Argument(metavar="ID", help="The message id.")],
+             queue: QueueOption = None, config: ConfigOption = None,
+             as_json: JsonOption = False) -> None:
+    """One message of a backout queue with all its headers and the full exception."""
+    from .dlq import show_command
+
+    settings = settings_for(config)
+    guarded(lambda: show_command(settings, message_id, queue, as_json))
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    ids: Annotated[list[str] | None, typer.Argument(metavar="[ID]...", help="Message ids.")] = None,
+    replay_all: AllOption = False,
+    queue: QueueOption = None,
+    to: ToOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Move messages back to their original destination (or --to), redelivery count reset."""
+    from .dlq import replay_command
+
+    if bool(ids) == replay_all:
+        usage_error("give the message IDs to replay, or --all (not both)")
+    settings = settings_for(config)
+    guarded(lambda: replay_command(settings, ids or [], replay_all, queue, to))
+
+
+@dlq_app.command("purge")
+def dlq_purge(
+    queue: QueueArgument = None,
+    config: ConfigOption = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: delete them all.")] = False,
+) -> None:
+    """Empty a backout queue (needs --yes)."""
+    from .dlq import purge_command
+
+    settings = settings_for(config)
+    if not yes:
+        name = queue or settings.container.dead_letter_queue
+        usage_error(f"purge deletes every message on {name}: add --yes to confirm")
+    guarded(lambda: purge_command(settings, queue))
+
+
 def main() -> None:
     """Console entry point."""
     try:

@@ -1,0 +1,225 @@
+"""``mdb dlq``: browse, show, replay and purge backout queues, driven as a user would.
+
+Backed-out messages come from a real container (port Work, backout threshold
+2); the CLI runs as a second process against the same settings file.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import delete
+
+from mdbcontainer.broker import Broker, Publisher
+from mdbcontainer.testing import wait_for, write_settings
+from tests.conftest import ROOT, Backend
+
+pytestmark = pytest.mark.slow
+
+BINARY = b"\xff\xfe\x00binary"
+
+
+def mdb(*args: str, settings: Path, env: dict[str, str] | None = None,
+        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would, from a second process."""
+    return subprocess.run(
+        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
+        capture_output=True, text=True, env={**os.environ, **(env or {}), **(extra_env or {})},
+        cwd=ROOT, timeout=60,
+    )
+
+
+def listed(backend: Backend, settings: Path, *queue: str) -> list[dict[str, Any]]:
+    result = mdb("dlq", "list", *queue, "--json", settings=settings, env=backend.env)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert isinstance(data, list)
+    return data
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
+    assert result.returncode == code, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def publish_raw(backend: Backend, settings: Path, queue: str, message_id: str, body: bytes,
+                content_type: str) -> None:
+    """A message from a producer that is not this package: bytes with a type no port accepts."""
+    with Publisher(Broker(backend.settings(settings))) as publisher:
+        exchange, routing_key, mandatory = publisher.route(queue)
+        publisher.publish(
+            exchange=exchange, routing_key=routing_key, body=body, mandatory=mandatory,
+            properties={"message_id": message_id, "content_type": content_type,
+                        "content_encoding": "binary", "delivery_mode": 2},
+        )
+
+
+def work_settings(backend: Backend, queue: str) -> Path:
+    """Port Work on ``queue``: JSON only, backout after 2 deliveries, never stopped by them."""
+    return backend.write(
+        ports={"Work": {"destination": queue, "max_retries": 10, "prefetch": 1,
+                        "accept": ["application/json"]}},
+        queues={queue: {"backout_threshold": 2}},
+    )
+
+
+def attempts_of(backend: Backend, message_id: str) -> list[int]:
+    """The redelivery counts the handler saw for ``message_id``, in order."""
+    return [a[3] for a in backend.attempts() if a[1] == message_id]
+
+
+def test_list_and_show_browse_without_consuming(backend: Backend) -> None:
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "action": "fail"}, message_id="failing")
+        producer.send(queue, {"n": 2, "action": "rollback"}, message_id="rolled-back")
+        producer.send(queue, "plain words", message_id="text-body")  # text/plain: not accepted
+    publish_raw(backend, settings, queue, "binary-body", BINARY, "application/octet-stream")
+    with backend.container(settings):
+        wait_for(lambda: backend.probe(settings).count(dlq) == 4, what="four backouts")
+
+    first = listed(backend, settings)
+    second = listed(backend, settings, dlq)
+    assert [m["id"] for m in first] == ["failing", "rolled-back", "text-body", "binary-body"]
+    assert first == second, "browsing twice sees the same messages in the same order"
+    assert backend.probe(settings).count(dlq) == 4, "browsing consumed nothing"
+
+    by_id = {m["id"]: m for m in first}
+    failing = by_id["failing"]
+    assert failing["original_destination"] == queue
+    assert failing["port"] == "Work"
+    assert failing["reason"] == "backout-threshold"
+    assert failing["redelivery_count"] == 2
+    assert datetime.fromisoformat(failing["failed_at"]).tzinfo is not None
+    assert failing["body"] == {"n": 1, "action": "fail"}
+    assert "RuntimeError: poison message 1" in failing["headers"]["x-mdb-exception"]
+    assert "set_rollback_only" in by_id["rolled-back"]["headers"]["x-mdb-exception"]
+    text = by_id["text-body"]
+    assert (text["reason"], text["redelivery_count"]) == ("invalid-body", 0)
+    assert (text["body"], text["body_encoding"]) == ("plain words", "text")
+    binary = by_id["binary-body"]
+    assert binary["reason"] == "invalid-body"
+    assert binary["body_encoding"] == "base64"
+    assert base64.b64decode(binary["body"]) == BINARY
+
+    table = mdb("dlq", "list", settings=settings, env=backend.env, extra_env={"COLUMNS": "250"})
+    assert table.returncode == 0, table.stderr
+    for expected in ("failing", "rolled-back", "text-body", "binary-body",
+                     "RuntimeError: poison message 1", "invalid-body"):
+        assert expected in table.stdout
+    assert "Traceback" not in table.stdout, "the table shows the exception's one line"
+
+    shown = mdb("dlq", "show", "failing", settings=settings, env=backend.env)
+    assert shown.returncode == 0, shown.stderr
+    assert "Traceback (most recent call last)" in shown.stdout
+    assert "RuntimeError: poison message 1" in shown.stdout
+    assert "x-mdb-original-destination" in shown.stdout and queue in shown.stdout
+    line = one_line_error(mdb("dlq", "show", "no-such-id", settings=settings, env=backend.env), 1)
+    assert "no-such-id" in line and dlq in line
+    assert backend.probe(settings).count(dlq) == 4, "show consumed nothing"
+
+
+def test_replay_resets_the_redelivery_count_and_keeps_the_rest_in_order(backend: Backend) -> None:
+    queue, dlq, parked = backend.q("IN"), backend.q("DLQ"), backend.q("PARKED")
+    settings = work_settings(backend, queue)
+    keys = backend.metadata.tables[
+        f"{backend.schema}.unique_keys" if backend.schema else "unique_keys"
+    ]
+    with backend.engine.begin() as conn:  # the data fault that makes "data-bound" fail at commit
+        conn.execute(keys.insert().values(key="always-the-same"))
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "action": "fail"}, message_id="failing")
+        producer.send(queue, {"n": 2, "action": "constraint"}, message_id="data-bound")
+        producer.send(queue, "plain words", message_id="text-body")
+    with backend.container(settings):
+        wait_for(lambda: backend.probe(settings).count(dlq) == 3, what="three backouts")
+        assert attempts_of(backend, "data-bound") == [0, 1]
+
+        # Replayed while the fault is still there: a fresh count, so two more deliveries.
+        result = mdb("dlq", "replay", "data-bound", settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        assert "replayed 1 message(s)" in result.stdout
+        wait_for(lambda: attempts_of(backend, "data-bound") == [0, 1, 0, 1], what="two more tries")
+        wait_for(lambda: [m["id"] for m in listed(backend, settings)]
+                 == ["failing", "text-body", "data-bound"], what="backed out again, at the end")
+        again = {m["id"]: m for m in listed(backend, settings)}["data-bound"]
+        assert again["redelivery_count"] == 2, "the old failures were not counted again"
+
+        # The fault fixed, the replayed message is handled once, on its first delivery.
+        with backend.engine.begin() as conn:
+            conn.execute(delete(keys))
+        result = mdb("dlq", "replay", "data-bound", "--queue", dlq, settings=settings,
+                     env=backend.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: backend.effects() == {"data-bound": 1}, what="the replay handled")
+        assert attempts_of(backend, "data-bound") == [0, 1, 0, 1, 0]
+        assert [m["id"] for m in listed(backend, settings)] == ["failing", "text-body"]
+
+        # An unknown id: the found ones are replayed, then exit 1 naming the missing one.
+        result = mdb("dlq", "replay", "text-body", "no-such-id", "--to", parked,
+                     settings=settings, env=backend.env)
+        assert "no-such-id" in one_line_error(result, 1)
+        assert "replayed 1 message(s)" in result.stdout
+
+        result = mdb("dlq", "replay", "--all", "--to", parked, settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        assert "replayed 1 message(s)" in result.stdout
+    assert backend.probe(settings).count(dlq) == 0
+    moved = backend.probe(settings).take_all(parked)
+    assert [m.properties["message_id"] for m in moved] == ["text-body", "failing"]
+    for message in moved:
+        headers = dict(message.headers or message.properties.get("application_headers") or {})
+        assert not [k for k in headers if k.startswith("x-mdb-")], headers
+    assert json.loads(moved[1].body) == {"n": 1, "action": "fail"}, "body intact"
+    assert moved[0].content_type == "text/plain", "properties intact"
+
+
+def test_purge_needs_yes(backend: Backend) -> None:
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    with backend.producer(settings) as producer:
+        for n in range(3):
+            producer.send(dlq, {"n": n}, message_id=f"dead-{n}")
+
+    line = one_line_error(mdb("dlq", "purge", settings=settings, env=backend.env), 2)
+    assert "--yes" in line and dlq in line
+    assert backend.probe(settings).count(dlq) == 3, "nothing purged without --yes"
+
+    result = mdb("dlq", "purge", "--yes", settings=settings, env=backend.env)
+    assert result.returncode == 0, result.stderr
+    assert f"purged 3 message(s) from {dlq}" in result.stdout
+    assert backend.probe(settings).count(dlq) == 0
+
+    missing = backend.q("NO-SUCH-QUEUE")
+    line = one_line_error(mdb("dlq", "purge", missing, "--yes", settings=settings,
+                              env=backend.env), 1)
+    assert missing in line
+
+
+@pytest.mark.parametrize("command", [
+    ["dlq", "list"], ["dlq", "show", "some-id"], ["dlq", "replay", "--all"],
+    ["dlq", "purge", "--yes"], ["send", "ORDERS", "{}"],
+])
+def test_unreachable_broker_fails_in_one_line_without_the_password(
+    command: list[str], tmp_path: Path,
+) -> None:
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": "amqp://guest:s3cret@127.0.0.1:1//",
+        "database_url": f"sqlite:///{tmp_path / 'container.db'}",
+        "connect_timeout": "1s",
+    }})
+    result = mdb(*command, settings=settings)
+    line = one_line_error(result, 1)
+    assert "127.0.0.1:1" in line and "not reachable" in line
+    assert "s3cret" not in result.stderr + result.stdout
