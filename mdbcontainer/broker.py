@@ -53,6 +53,7 @@ def connection_errors() -> tuple[type[BaseException], ...]:
     import amqp
 
     return (
+        BrokerUnavailable,
         ConnectionError,
         OSError,
         socket.timeout,
@@ -111,6 +112,17 @@ class Broker:
         if c.ssl_cert:
             context.load_cert_chain(c.ssl_cert, c.ssl_key)
         return context
+
+    def connect_once(self) -> kombu.Connection:
+        """One connection attempt (the consumer's own backoff decides when to try again)."""
+        conn = self.connection()
+        try:
+            conn.connect()
+        except BaseException:
+            with suppress(Exception):
+                conn.close()
+            raise
+        return conn
 
     def connect(self, *, confirms: bool = False, timeout: float | None = None) -> kombu.Connection:
         """Connect once within ``timeout`` (default ``connect_timeout``) or raise BrokerUnavailable."""
@@ -299,9 +311,9 @@ class Subscription:
         self.channel: Any = None
         self._consumer: kombu.Consumer | None = None
 
-    def open(self, timeout: float | None = None) -> None:
+    def open(self) -> None:
         """Connect, declare and start consuming (raises BrokerUnavailable or a connection error)."""
-        self.conn = self.broker.connect(timeout=timeout)
+        self.conn = self.broker.connect_once()
         self.channel = self.conn.channel()
         self.queue = self._declare(self.channel)
         self.channel.basic_qos(0, self.prefetch, False)

@@ -88,7 +88,7 @@ class Pipeline:
         self.port.stop_for_failures(str(raw.properties.get("message_id")), exc, internal=True)
 
     def _process(self, raw: Any) -> None:
-        if self.consumer.handing_back:
+        if self.consumer.handing_back or self.port.stopping:
             self.consumer.hand_back(raw)
             return
         if self._expired(raw):

@@ -80,6 +80,7 @@ class ListenerPort:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.queue = self.settings.queue_name
+        self.ever_consumed = False
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -132,6 +133,7 @@ class ListenerPort:
             return
         up = sum(1 for c in self.consumers if c.consuming)
         if up == len(self.consumers) and up:
+            self.ever_consumed = True
             self._set_state("started", "")
         elif self.state == "started":
             self._set_state("stopped", f"{len(self.consumers) - up} consumer(s) reconnecting")
@@ -257,15 +259,21 @@ class Consumer:
             wait=self.port.policy.wait(),
             stop=tenacity.stop_when_event_set(self.port._stopping),
             sleep=self.sleep,
-            before_sleep=lambda state: self.port.resources.outage(
-                "broker", state.outcome.exception() if state.outcome else None
-            ),
+            before_sleep=self._before_retry,
             reraise=True,
         )
         try:
             return retrying(self._subscribe, pipeline)
         except connection_errors():
             return None
+
+    def _before_retry(self, state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        self.port.resources.outage("broker", error)
+        wait = state.upcoming_sleep
+        level = logging.WARNING if not self.port.ever_consumed else logging.DEBUG
+        log.log(level, "port %s consumer %d: broker connection attempt %d failed; retrying in %.1fs",
+                self.port.name, self.index, state.attempt_number, wait)
 
     def _subscribe(self, pipeline: Pipeline) -> Subscription | None:
         if not self._should_run():

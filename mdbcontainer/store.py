@@ -108,7 +108,13 @@ class Tables:
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for ``url``; on SQLite, WAL and BEGIN IMMEDIATE so writers queue instead of failing."""
+    """An engine for ``url``; on SQLite, WAL, a busy timeout and explicit BEGINs.
+
+    On SQLite a plain (deferred) BEGIN lets readers such as ``mdb ports`` run
+    beside a handler's open transaction; the container's units of work start
+    with their dedup claim, a write, so they take the write lock first and
+    queue on the busy timeout instead of failing on a lock upgrade.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", True)
@@ -131,7 +137,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        connection.exec_driver_sql("BEGIN")
 
     return engine
 

@@ -99,6 +99,20 @@ class Unit:
         self._move_copy = move_copy
         self._client_ack = client_ack
 
+    @property
+    def _claim_first(self) -> bool:
+        """Claim the dedup row first: a concurrent duplicate then waits before doing any work.
+
+        On SQLite the first write takes the database's only write lock for the
+        whole handler, so there the claim goes last, just before the commit.
+        """
+        store = self.resources.store
+        return self.once_only and store is not None and store.dialect != "sqlite"
+
+    @property
+    def _claim_last(self) -> bool:
+        return self.once_only and not self._claim_first
+
     def send(self, message: Outgoing, reply: bool = False) -> None:
         self._sends.append(message)
 
@@ -143,13 +157,16 @@ class ContainerManaged(Unit):
         session = self.session = store.session()
         try:
             with session.begin():
-                if self.once_only and not self._claim(session):
+                if self._claim_first and not self._claim(session):
                     session.rollback()
                     return Outcome("duplicate")
                 call()
                 crash_point("in-handler")
                 if self.rollback_only:
                     raise RollbackOnly
+                if self._claim_last and not self._claim(session):
+                    session.rollback()
+                    return Outcome("duplicate")
                 pending = outbox.write(session, self.port, self._sends)
             crash_point("after-commit")
             return Outcome("handled", pending=pending)
@@ -193,11 +210,13 @@ class BeanManaged(Unit):
         session = self.session = store.session()
         try:
             with session.begin():
-                if self.once_only and not self._claim(session):
+                if self._claim_first and not self._claim(session):
                     raise DuplicateMessage(self.message_id)
                 yield session
                 if self.rollback_only:
                     raise RollbackOnly
+                if self._claim_last and not self._claim(session):
+                    raise DuplicateMessage(self.message_id)
                 self._pending = outbox.write(session, self.port, self._sends)
             crash_point("after-commit")
         finally:

@@ -1,0 +1,143 @@
+"""The container process as a user runs it: shutdown, crashes, restarts, several replicas."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mdbcontainer.testing import ContainerProcess, wait_for
+from tests.conftest import ROOT, Backend
+
+pytestmark = pytest.mark.slow
+
+
+def test_sigterm_mid_stream_loses_nothing_and_exits_0(backend: Backend) -> None:
+    queue = backend.q("STREAM")
+    settings = backend.write(
+        ports={"Work": {"destination": queue, "concurrency": 2, "prefetch": 20}},
+    )
+    ids = [f"m{i}" for i in range(200)]
+    with backend.producer(settings) as producer:
+        for n, mid in enumerate(ids):
+            producer.send(queue, {"n": n, "action": "sleep", "seconds": 0.05}, message_id=mid)
+    container = backend.container(settings).start()
+    wait_for(lambda: len(backend.effects()) >= 20, what="some messages handled")
+    assert container.terminate() == 0
+    handled_before = sum(backend.effects().values())
+    assert handled_before < len(ids), "stopped mid-stream"
+    assert "container shutting down" in container.output()
+    with backend.container(settings):
+        wait_for(lambda: len(backend.effects()) == len(ids), timeout=60, what="every message")
+    assert set(backend.effects()) == set(ids)
+    assert set(backend.effects().values()) == {1}, "each applied once"
+    assert backend.probe(settings).count(backend.q("DLQ")) == 0
+    handed_back = [a for a in backend.attempts() if a[3] > 0]
+    assert not handed_back, "a graceful stop does not count handed-back messages as failures"
+
+
+def test_second_signal_exits_at_once_and_still_loses_nothing(backend: Backend) -> None:
+    queue = backend.q("SLOW")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}})
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "action": "sleep", "seconds": 30}, message_id="slow")
+    container = backend.container(settings).start()
+    wait_for(lambda: backend.attempts(), what="the slow handler to start")
+    assert container.proc is not None
+    container.proc.send_signal(15)
+    time.sleep(0.5)
+    container.proc.send_signal(15)
+    assert container.wait_exit(10) == 130
+    assert backend.effects() == {}
+    assert backend.probe(settings).count(queue) == 1, "the unfinished message is back on its queue"
+
+
+def test_a_message_that_kills_the_container_ends_in_the_backout_queue(rabbit: Backend) -> None:
+    queue = rabbit.q("KILLER")
+    settings = rabbit.write(
+        ports={"Work": {"destination": queue, "max_retries": 10, "prefetch": 1, "concurrency": 1}},
+        queues={queue: {"backout_threshold": 3}},
+    )
+    with rabbit.producer(settings) as producer:
+        producer.send(queue, {"n": 0}, message_id="before")
+        producer.send(queue, {"n": 1, "action": "kill"}, message_id="killer")
+        for n in range(2, 12):
+            producer.send(queue, {"n": n}, message_id=f"good-{n}")
+    dlq = rabbit.q("DLQ")
+    crashes = 0
+    while True:
+        container = rabbit.container(settings).start(wait=False)
+        wait_for(lambda c=container: not c.alive() or rabbit.probe(settings).count(dlq),
+                 timeout=60, what="a crash or the backout")
+        if container.alive():
+            break
+        crashes += 1
+        assert crashes <= 5, "the killer message loops instead of being backed out"
+    assert crashes == 3, "three deliveries killed the process, the fourth backed it out"
+    with container:
+        wait_for(lambda: len(rabbit.effects()) == 11, what="every good message")
+    assert set(rabbit.effects().values()) == {1}
+    killer = [a for a in rabbit.attempts() if a[1] == "killer"]
+    assert [a[3] for a in killer] == [0, 1, 2], "each crash counted once"
+    [dead] = rabbit.probe(settings).take_all(rabbit.q("DLQ"))
+    headers = dict(dead.headers)
+    assert headers["x-mdb-redelivery-count"] == 3
+    assert "process died" in headers["x-mdb-exception"]
+
+
+def test_port_stop_and_start_act_on_every_replica(backend: Backend) -> None:
+    queue = backend.q("FLEET")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}})
+    with backend.container(settings) as one, backend.container(settings, log_path=backend.tmp / "two.log") as two:
+        result = subprocess.run(
+            [sys.executable, "-m", "mdbcontainer", "ports", "--json", "-c", str(settings)],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )
+        import json
+
+        rows = json.loads(result.stdout)
+        assert {r["container"].split(":")[-2] for r in rows} == {str(one.pid), str(two.pid)}
+        assert {r["state"] for r in rows} == {"started"}
+        assert set(rows[0]) >= {"container", "port", "destination", "state", "reason",
+                                "consecutive_failures", "delivered", "failed", "backed_out",
+                                "expired", "since"}
+        stop = subprocess.run([sys.executable, "-m", "mdbcontainer", "port", "stop", "Work",
+                               "-c", str(settings)], capture_output=True, text=True, cwd=ROOT)
+        assert stop.returncode == 0, stop.stderr
+        for replica in (one, two):
+            wait_for(lambda r=replica: (r.port_state("Work") or {}).get("state") == "stopped",
+                     timeout=5, what="stop within a couple of seconds")
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1}, message_id="while-stopped")
+        time.sleep(1)
+        assert backend.effects() == {}, "a stopped port consumes nothing"
+        subprocess.run([sys.executable, "-m", "mdbcontainer", "port", "start", "Work",
+                        "-c", str(settings)], check=True, capture_output=True, cwd=ROOT)
+        wait_for(lambda: backend.effects() == {"while-stopped": 1}, timeout=5, what="restart")
+        for replica in (one, two):
+            wait_for(lambda r=replica: r.port_state("Work")["state"] == "started", timeout=5,
+                     what="started again")
+
+
+def test_run_only_named_ports(backend: Backend) -> None:
+    work, bean = backend.q("W"), backend.q("B")
+    settings = backend.write(ports={"Work": {"destination": work}, "Bean": {"destination": bean}})
+    with ContainerProcess(settings, ports=["Bean"], env=backend.env, cwd=ROOT) as container:
+        assert [r["port"] for r in container.rows()] == ["Bean"]
+
+
+def test_broker_unreachable_at_start_is_retried_with_a_visible_log_line(backend: Backend) -> None:
+    queue = backend.q("LATE")
+    settings = backend.write(ports={"Work": {"destination": queue}},
+                             broker_url="amqp://guest:guest@127.0.0.1:1//")
+    container = backend.container(settings).start(wait=False)
+    try:
+        wait_for(lambda: "broker unavailable" in container.output(), timeout=15,
+                 what="the outage log line")
+        assert container.alive(), "mdb run keeps retrying"
+        assert container.output().count("broker unavailable") == 1, "logged once per outage"
+        assert "guest:guest" not in container.output()
+    finally:
+        container.kill()
