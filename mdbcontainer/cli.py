@@ -254,7 +254,7 @@ def dlq_show(message_id: Annotated[str, typer.Argument(metavar="ID", help="The m
 
 @dlq_app.command("replay")
 def dlq_replay(
-    ids: Annotated[list[str] | None, typer.Argument(metavar="[ID]...", help="Message ids.")] = None,
+    ids: Annotated[list[str] | None, typer.Argument(metavar="ID", help="Message ids.")] = None,
     replay_all: AllOption = False,
     queue: QueueOption = None,
     to: ToOption = None,

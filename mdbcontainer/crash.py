@@ -25,6 +25,7 @@ POINTS = (
     "after-ack",
     "outbox-dispatch",
     "mid-backout",
+    "mid-replay",
 )
 
 _spec = os.environ.get("MDB_CRASH_AT", "")

@@ -36,6 +36,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from .broker import EMBEDDED, Broker, Publisher, connection_errors, describe
+from .crash import crash_point
 from .errors import BrokerUnavailable, MdbError, PublishError
 from .message import content_type_of
 from .producer import Outgoing
@@ -283,6 +284,7 @@ class Replayer:
             raise DlqError(f"cannot reset the redelivery count: {describe(exc)}") from None
         except connection_errors() as exc:
             raise PublishError(f"publish to {destination!r} failed: {describe(exc)}") from None
+        crash_point("mid-replay")
         message.ack()  # only after the confirm: a crash before this duplicates, never loses
         return None
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,31 @@ def test_replay_resets_the_redelivery_count_and_keeps_the_rest_in_order(backend:
         assert not [k for k in headers if k.startswith("x-mdb-")], headers
     assert json.loads(moved[1].body) == {"n": 1, "action": "fail"}, "body intact"
     assert moved[0].content_type == "text/plain", "properties intact"
+
+
+def test_replay_killed_between_confirm_and_ack_duplicates_and_loses_nothing(
+    backend: Backend,
+) -> None:
+    queue, dlq, parked = backend.q("IN"), backend.q("DLQ"), backend.q("PARKED")
+    settings = work_settings(backend, queue)
+    with backend.producer(settings) as producer:
+        for n in range(3):
+            producer.send(dlq, {"n": n}, message_id=f"dead-{n}")
+
+    crashed = mdb("dlq", "replay", "--all", "--to", parked, settings=settings, env=backend.env,
+                  extra_env={"MDB_CRASH_AT": "mid-replay:2"})  # SIGKILL after the 2nd confirm
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    probe = backend.probe(settings)
+    wait_for(lambda: probe.count(dlq) == 2, what="the unacknowledged original back on the DLQ")
+    assert [m["id"] for m in listed(backend, settings)] == ["dead-1", "dead-2"]
+    assert probe.count(parked) == 2
+
+    result = mdb("dlq", "replay", "--all", "--to", parked, settings=settings, env=backend.env)
+    assert result.returncode == 0, result.stderr
+    assert "replayed 2 message(s)" in result.stdout
+    assert probe.count(dlq) == 0
+    copies = Counter(m.properties["message_id"] for m in probe.take_all(parked))
+    assert copies == {"dead-0": 1, "dead-1": 2, "dead-2": 1}, "one duplicate, nothing lost"
 
 
 def test_purge_needs_yes(backend: Backend) -> None:
