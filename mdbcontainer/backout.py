@@ -54,7 +54,7 @@ class DeliveryCounter:
         self.table = store.tables.delivery
         self._insert: Any = postgresql.insert if store.dialect == "postgresql" else sqlite.insert
 
-    def _upsert(self, queue: str, message_id: str, **increments: int) -> Any:
+    def _upsert(self, queue: str, message_id: str, **increments: int | str) -> Any:
         t = self.table
         values = {"queue": queue, "message_id": message_id, "opened": 0, "closed": 0,
                   "failures": 0, "updated_at": utcnow()}

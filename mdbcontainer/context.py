@@ -7,8 +7,8 @@ after the handler returns without one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,8 @@ class MessageContext:
 
     def transaction(self) -> AbstractContextManager[Session]:
         """Bean-managed: a transaction that commits on normal exit, with the dedup mark inside it."""
-        return self._unit.bean_transaction()
+        manager: AbstractContextManager[Session] = self._unit.bean_transaction()
+        return manager
 
     def acknowledge(self) -> None:
         """Client acknowledgment: acknowledge this and every earlier message of this consumer."""
@@ -93,13 +94,10 @@ class MessageContext:
         if not self.message.reply_to:
             raise TransactionError(f"port {self.port!r}: message {self.message.id} has no reply_to")
         options.setdefault("correlation_id", self.message.correlation_id or self.message.id)
-        message = outgoing(self.message.reply_to, body, **options)
+        message = replace(outgoing(self.message.reply_to, body, **options), reply=True)
         self._unit.send(message, reply=True)
         return message.message_id
 
     def move_to(self, queue: str, reason: str) -> None:
         """Move this message to ``queue`` as part of the unit of work; the delivery then counts as handled."""
         self._unit.move_to(queue, reason)
-
-    def __iter__(self) -> Iterator[Any]:  # pragma: no cover - guards a common misuse
-        raise TypeError("MessageContext is not iterable")

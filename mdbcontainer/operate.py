@@ -64,7 +64,8 @@ def purge_dedup(settings: Settings, older_than: str | None) -> None:
 
 def _duration(text: str) -> timedelta:
     try:
-        return parse_duration(text)
+        age: timedelta = parse_duration(text)
+        return age
     except ValueError as exc:
         from .errors import SettingsError
 

@@ -204,7 +204,7 @@ class QueueProbe:
         """Consume and acknowledge every ready message of ``queue`` (for assertions at the end)."""
 
         def act(channel: Any) -> list[Any]:
-            out = []
+            out: list[Any] = []
             while len(out) < limit:
                 try:
                     message = channel.basic_get(queue=queue, no_ack=True)
