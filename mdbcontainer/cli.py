@@ -141,7 +141,9 @@ def send(
     ttl: Annotated[str | None, typer.Option(help="Time to live, e.g. 30s.")] = None,
     non_persistent: Annotated[bool, typer.Option("--non-persistent", help="Do not write to disk.")] = False,
     message_id: Annotated[str | None, typer.Option("--id", help="Message id (default: a new uuid).")] = None,
-    header: Annotated[list[str] | None, typer.Option("-H", "--header", help="key=value (repeatable).")] = None,
+    header: Annotated[
+        list[str] | None, typer.Option("-H", "--header", help="key=value (repeatable).")
+    ] = None,
     reply_to: Annotated[str | None, typer.Option("--reply-to", help="Queue for the reply.")] = None,
     correlation_id: Annotated[str | None, typer.Option("--correlation-id")] = None,
     count: Annotated[int, typer.Option(help="Send N copies (ids -1..-N after --id).", min=1)] = 1,
@@ -207,7 +209,9 @@ def port_stop(name: str, config: ConfigOption = None) -> None:
 @dedup_app.command("purge")
 def dedup_purge(
     config: ConfigOption = None,
-    older_than: Annotated[str | None, typer.Option("--older-than", help="e.g. 7d (default: dedup_retention).")] = None,
+    older_than: Annotated[
+        str | None, typer.Option("--older-than", help="e.g. 7d (default: dedup_retention).")
+    ] = None,
 ) -> None:
     """Delete dedup rows past retention, in short batches."""
     from .operate import purge_dedup
