@@ -29,6 +29,8 @@ class Outgoing:
     destination: str
     body: bytes
     properties: dict[str, Any] = field(default_factory=dict)
+    # A reply goes to reply_to as it is: never declared, not mandatory (the requester owns it).
+    reply: bool = False
 
     @property
     def message_id(self) -> str:
