@@ -145,10 +145,17 @@ class Backend:
             return []
         rows = []
         for line in self.log.read_text().splitlines():
-            p, mid, action, count = line.split("\t")
+            p, mid, action, count = line.split("\t")[:4]
             if port is None or p == port:
                 rows.append((p, mid, action, int(count)))
         return rows
+
+    def attempt_times(self, message_id: str) -> list[float]:
+        """When each delivery of ``message_id`` reached its handler (epoch seconds)."""
+        if not self.log.exists():
+            return []
+        return [float(line.split("\t")[4]) for line in self.log.read_text().splitlines()
+                if line.split("\t")[1] == message_id]
 
     def close(self) -> None:
         if self.kind == "rabbitmq":

@@ -3,6 +3,9 @@
 Actions: ok, fail (raise), rollback (set_rollback_only), kill (SIGKILL this
 process), move (ctx.move_to body["to"]), send (ctx.send body["to"]),
 constraint (violate a unique key at commit), sleep (body["seconds"]).
+An optional ``"then"`` runs after the action: ``"rollback"``
+(set_rollback_only) or ``"fail"`` (raise), so work and sends made by the
+action are discarded with the transaction.
 
 Every delivery attempt is appended to the file ``$MDB_TEST_LOG`` (one line:
 port, message id, action, redelivery count) before the action runs, so a test
@@ -42,7 +45,8 @@ def log_attempt(port: str, message: Message) -> None:
     if not path:
         return
     body = message.body if isinstance(message.body, dict) else {}
-    line = f"{port}\t{message.id}\t{body.get('action', 'ok')}\t{message.redelivery_count}\n"
+    line = (f"{port}\t{message.id}\t{body.get('action', 'ok')}\t{message.redelivery_count}"
+            f"\t{time.time():.3f}\n")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -70,3 +74,7 @@ def perform(port: str, message: Message, ctx: MessageContext, session: Any | Non
         ctx.set_rollback_only()
     if action == "move":
         ctx.move_to(body["to"], "moved by the handler")
+    if body.get("then") == "rollback":
+        ctx.set_rollback_only()
+    if body.get("then") == "fail":
+        raise RuntimeError(f"failed after its work {body.get('n')}")
