@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import kombu
+from amqp.exceptions import AccessRefused
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .errors import BrokerUnavailable, PublishError, Unroutable
 from .settings import Settings, mask_url
+from .subscriptions import OwnerLock, embedded_path, in_use
 
 log = logging.getLogger("mdbcontainer.broker")
 
@@ -247,6 +249,15 @@ class Publisher:
             return "", destination, True
         return self.resolve(destination)
 
+    def reply_route(self, queue: str) -> tuple[str, str, bool]:
+        """The route of a reply: ``reply_to`` as it is, never declared, not mandatory.
+
+        The queue belongs to the requester (an exclusive temporary queue that a
+        declare from another connection would be refused on). If the requester
+        has gone, its queue went with it and the broker drops the late reply.
+        """
+        return "", queue, False
+
     def publish(
         self,
         *,
@@ -258,12 +269,7 @@ class Publisher:
     ) -> None:
         """Publish and wait for the broker's confirm; raise PublishError unless it took the message."""
         channel = self.channel
-        props = dict(properties)
-        headers = props.pop("headers", None) or {}
-        content_type = props.pop("content_type", "application/json")
-        priority = props.pop("priority", None)
-        encoding = props.pop("content_encoding", None) or "utf-8"
-        message = channel.prepare_message(body, priority, content_type, encoding, headers, props)
+        message = prepare(channel, body, properties)
         self._returned.clear()
         try:
             channel.basic_publish(message, exchange=exchange, routing_key=routing_key,
@@ -291,8 +297,36 @@ class Publisher:
         self.close()
 
 
+def prepare(channel: Any, body: bytes, properties: dict[str, Any]) -> Any:
+    """A transport message from a body and this package's property dict."""
+    props = dict(properties)
+    headers = props.pop("headers", None) or {}
+    content_type = props.pop("content_type", "application/json")
+    priority = props.pop("priority", None)
+    encoding = props.pop("content_encoding", None) or "utf-8"
+    return channel.prepare_message(body, priority, content_type, encoding, headers, props)
+
+
+class _ExclusiveQueue(kombu.Queue):  # type: ignore[misc]
+    """A queue consumed with AMQP ``exclusive``: the broker refuses every other consumer."""
+
+    def consume(self, consumer_tag: str = "", callback: Any = None, no_ack: Any = None,
+                nowait: bool = False, on_cancel: Any = None) -> Any:
+        return self.channel.basic_consume(
+            queue=self.name, no_ack=self.no_ack if no_ack is None else no_ack,
+            consumer_tag=consumer_tag or "", callback=callback, nowait=nowait,
+            arguments=self.consumer_arguments, on_cancel=on_cancel, exclusive=True,
+        )
+
+
 class Subscription:
-    """One consumer: its own connection, channel, prefetch and queue (contract: a thread each)."""
+    """One consumer: its own connection, channel, prefetch and queue (contract: a thread each).
+
+    ``exclusive``: the one active subscriber of a durable subscription (a second
+    one gets SubscriptionInUse). ``transacted``: the channel is in AMQP
+    transaction mode before it consumes, so its publishes and acknowledgments
+    take effect at :meth:`commit`.
+    """
 
     def __init__(
         self,
@@ -301,15 +335,21 @@ class Subscription:
         prefetch: int,
         on_message: Callable[[Any], None],
         declare: Callable[[Any], str],
+        *,
+        exclusive: bool = False,
+        transacted: bool = False,
     ) -> None:
         self.broker = broker
         self.queue = queue
         self.prefetch = prefetch
         self.on_message = on_message
         self._declare = declare
+        self.exclusive = exclusive
+        self.transacted = transacted
         self.conn: kombu.Connection | None = None
         self.channel: Any = None
         self._consumer: kombu.Consumer | None = None
+        self._owner: OwnerLock | None = None
 
     def open(self) -> None:
         """Connect, declare and start consuming (raises BrokerUnavailable or a connection error)."""
@@ -317,12 +357,41 @@ class Subscription:
         self.channel = self.conn.channel()
         self.queue = self._declare(self.channel)
         self.channel.basic_qos(0, self.prefetch, False)
-        queue = kombu.Queue(self.queue, no_declare=True)
+        if self.transacted:
+            self.channel.events["basic_return"].add(self._on_return)
+            self.channel.tx_select()
+        exclusive = self.exclusive and self.broker.capabilities.exclusive_queues
+        if self.exclusive and self.broker.capabilities is EMBEDDED_CAPS:
+            self._owner = OwnerLock.for_queue(embedded_path(self.broker), self.queue)
+            self._owner.acquire()
+        queue = (_ExclusiveQueue if exclusive else kombu.Queue)(self.queue, no_declare=True)
         self._consumer = kombu.Consumer(
             self.channel, queues=[queue], on_message=self.on_message, auto_declare=False,
             accept=None,
         )
-        self._consumer.consume()
+        try:
+            self._consumer.consume()
+        except AccessRefused as exc:
+            raise in_use(self.queue, "consumed exclusively by another connection") from exc
+
+    def publish(self, *, exchange: str, routing_key: str, body: bytes,
+                properties: dict[str, Any], mandatory: bool) -> None:
+        """Publish on the consumer's own channel: with ``transacted``, it leaves at commit()."""
+        self.channel.basic_publish(prepare(self.channel, body, properties), exchange=exchange,
+                                   routing_key=routing_key, mandatory=mandatory)
+
+    def commit(self) -> None:
+        """AMQP tx.commit: this delivery's publishes and acknowledgments take effect together."""
+        self.channel.tx_commit()
+
+    def rollback(self) -> None:
+        """AMQP tx.rollback: discard this delivery's publishes and acknowledgments."""
+        self.channel.tx_rollback()
+
+    def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+        # Every queue is declared before a transacted publish, so this is a queue
+        # deleted in the meantime; the commit has already happened.
+        log.error("transacted publish to %r returned unroutable: %s", exchange or routing_key, exc)
 
     def drain(self, timeout: float) -> None:
         """Dispatch deliveries for up to ``timeout`` seconds (returns quietly on a quiet queue)."""
@@ -344,6 +413,9 @@ class Subscription:
         if conn is not None:
             with suppress(Exception):
                 conn.close()
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.release()
 
 
 @contextmanager

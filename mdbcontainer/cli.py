@@ -289,6 +289,53 @@ def dlq_purge(
     guarded(lambda: purge_command(settings, queue))
 
 
+# -- request/reply and durable subscriptions (seed 001) ----------------------------
+
+
+@app.command()
+def request(
+    destination: Annotated[str, typer.Argument(help="A queue or topic named in the settings, else a queue.")],
+    body: Annotated[str, typer.Argument(help="The body as JSON, or @file.")],
+    config: ConfigOption = None,
+    timeout: Annotated[str, typer.Option(help="How long to wait for the reply, e.g. 10s.")] = "10s",
+) -> None:
+    """Send with a temporary reply queue; print the reply's body as JSON on stdout."""
+    from .producer import Producer
+    from .settings import parse_duration
+
+    data = parse_body(body)
+    try:
+        seconds = parse_duration(timeout).total_seconds()
+    except ValueError as exc:
+        usage_error(f"--timeout: {exc}")
+    if seconds <= 0:
+        usage_error(f"--timeout: must be positive, not {timeout!r}")
+    settings = settings_for(config)
+
+    def go() -> None:
+        with Producer.from_settings(settings) as producer:
+            reply = producer.request(destination, data, timeout=seconds)
+        typer.echo(json.dumps(reply.body))
+
+    guarded(go)
+
+
+@app.command()
+def unsubscribe(
+    client_id: Annotated[str, typer.Argument(metavar="CLIENT_ID", help="The subscription's client_id.")],
+    subscription: Annotated[str, typer.Argument(metavar="SUBSCRIPTION", help="Its subscription name.")],
+    config: ConfigOption = None,
+) -> None:
+    """Delete a durable subscription and what it holds (refused while a port consumes it)."""
+    from .broker import Broker
+    from .subscriptions import unsubscribe as delete_subscription
+
+    settings = settings_for(config)
+    dropped = guarded(lambda: delete_subscription(Broker(settings), client_id, subscription))
+    typer.echo(f"deleted durable subscription {client_id}.{subscription} "
+               f"({dropped} message(s) discarded)")
+
+
 def main() -> None:
     """Console entry point."""
     try:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mdbcontainer.delivery")
 
+_TIMESTAMP_GRAIN = timedelta(seconds=1)
 _PROPERTY_KEYS = (
     "content_type", "content_encoding", "delivery_mode", "priority", "correlation_id",
     "reply_to", "message_id", "timestamp", "type", "user_id", "app_id",
@@ -110,7 +111,8 @@ class Pipeline:
 
     def _expired(self, raw: Any) -> bool:
         expires_at = _expires_at(raw)
-        if expires_at is None or expires_at > datetime.now(UTC):
+        # The AMQP timestamp has whole seconds: allow one, so nothing expires early.
+        if expires_at is None or expires_at + _TIMESTAMP_GRAIN > datetime.now(UTC):
             return False
         expiry_queue = self.port.queue_settings.expiry_queue
         if expiry_queue:
@@ -177,7 +179,7 @@ class Pipeline:
             self.port.name, message.id, self.port.resources.units,
             once_only=self.once_only,
             move_copy=lambda queue, reason: self._move_copy(raw, queue, reason),
-            client_ack=None,
+            client_ack=self.consumer.acks.begin(raw, message.id),
         )
         ctx = MessageContext(message, self.port.name, unit)
         argument = self._argument
@@ -195,7 +197,7 @@ class Pipeline:
                             self.port.name, describe(exc))
         for message in outcome.direct:
             self.consumer.publish(message)
-        raw.ack()
+        self.consumer.acks.settle(raw)  # now, or later: the port's acknowledge mode
         crash_point("after-ack")
         self.port.record("handled" if outcome.kind == "handled" else "duplicate_skipped")
         if outcome.kind == "handled":
@@ -203,6 +205,9 @@ class Pipeline:
 
     def _failed(self, raw: Any, message: Message, outcome: Outcome) -> None:
         assert outcome.error is not None and message.id is not None
+        if self.consumer.acks.consumed(raw):  # ctx.acknowledge() came before the failure
+            self._failed_consumed(message, outcome.error)
+            return
         text = exception_text(outcome.error)
         count = message.redelivery_count + 1
         log.warning(
@@ -220,6 +225,14 @@ class Pipeline:
             self.port.after_backout()
         else:
             self._requeue(raw, count)
+
+    def _failed_consumed(self, message: Message, error: BaseException) -> None:
+        """A failure after the handler acknowledged: counted, but the message cannot go back."""
+        log.warning("port %s: delivery failed after ctx.acknowledge(): message %s stays consumed: %s",
+                    self.port.name, message.id, describe(error))
+        self.port.record("failed")
+        if self.port.after_failure() == "stop":
+            self.port.stop_for_failures(str(message.id), error)
 
     def _requeue(self, raw: Any, failures: int) -> None:
         q = self.port.queue_settings

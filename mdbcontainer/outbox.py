@@ -61,6 +61,7 @@ class Outbox:
         pending = []
         for message in messages:
             exchange, routing_key, mandatory = self._route(message.destination)
+            mandatory = mandatory and not message.reply  # a reply is never declared
             values = {
                 "created_at": utcnow(), "port": port, "exchange": exchange,
                 "routing_key": routing_key, "mandatory": mandatory, "body": message.body,

@@ -16,16 +16,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import tenacity
 
+from .acknowledge import acknowledger_for, check_supported
 from .broker import Publisher, Subscription, connection_errors, describe
 from .delivery import Pipeline
 from .producer import Outgoing
+from .replies import mark_consumer_thread
 from .settings import PortSettings, QueueSettings
+from .subscriptions import SubscriptionInUse
 
 if TYPE_CHECKING:
     from .container import Resources
@@ -81,6 +85,9 @@ class ListenerPort:
         self._stopping = threading.Event()
         self.queue = self.settings.queue_name
         self.ever_consumed = False
+        check_supported(self)
+        # A non-durable subscription without a name is this port's own: unique per process.
+        self._subscription_name = f"{self.name}.{uuid.uuid4().hex[:12]}"
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -122,7 +129,7 @@ class ListenerPort:
         broker = self.resources.broker
         broker.declare_queue(channel, self.backout_queue)
         if self.settings.topic is not None:
-            name = self.settings.subscription_queue or f"{self.name}.{id(self):x}"
+            name = self.settings.subscription_queue or self._subscription_name
             return broker.declare_subscription(channel, self.settings.topic, name, self.settings.durable)
         broker.declare_queue(channel, self.queue)
         return self.queue
@@ -206,6 +213,7 @@ class Consumer:
         self._publisher: Publisher | None = None
         self._handed_back: list[str] = []
         self._wake = threading.Event()
+        self.acks = acknowledger_for(self)
         self.thread = threading.Thread(
             target=self._run, name=f"mdb-{port.name}-{index}", daemon=True
         )
@@ -220,9 +228,14 @@ class Consumer:
     def publish(self, message: Outgoing) -> None:
         """Publish with confirm (and mandatory for a queue); a failure leaves the original unacked."""
         publisher = self.publisher
-        exchange, routing_key, mandatory = publisher.route(message.destination)
-        publisher.publish(exchange=exchange, routing_key=routing_key, body=message.body,
-                          properties=message.properties, mandatory=mandatory)
+        if message.reply:
+            exchange, routing_key, mandatory = publisher.reply_route(message.destination)
+        else:
+            exchange, routing_key, mandatory = publisher.route(message.destination)
+        # Transacted: on the consumer's own channel, to commit with the acknowledgment.
+        target: Any = self.acks if self.acks.transacted else publisher
+        target.publish(exchange=exchange, routing_key=routing_key, body=message.body,
+                       properties=message.properties, mandatory=mandatory)
 
     def sleep(self, seconds: float) -> None:
         self.port._stopping.wait(seconds)
@@ -232,6 +245,7 @@ class Consumer:
 
     def _run(self) -> None:
         pipeline = Pipeline(self.port, self)
+        mark_consumer_thread(self.port.name, self.port.settings)
         try:
             while self._should_run():
                 sub = self._open(pipeline)
@@ -243,6 +257,7 @@ class Consumer:
                     self.port.resources.outage("broker", exc)
                 finally:
                     self._set_consuming(False)
+                    self.acks.release()
                     sub.close()
         except Exception as exc:
             if self._should_run():
@@ -266,6 +281,10 @@ class Consumer:
             return retrying(self._subscribe, pipeline)
         except connection_errors():
             return None
+        except SubscriptionInUse as exc:  # not a fault to retry: JMS refuses a second subscriber
+            log.error("port %s stopped: %s", self.port.name, exc)
+            self.port.stop(f"{exc} (then mdb port start {self.port.name})")
+            return None
 
     def _before_retry(self, state: tenacity.RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -279,12 +298,15 @@ class Consumer:
         if not self._should_run():
             return None
         sub = Subscription(self.port.resources.broker, self.port.queue,
-                           self.port.settings.prefetch, pipeline, self.port.declare)
+                           self.port.settings.prefetch, self.acks.deliver(pipeline),
+                           self.port.declare, exclusive=self.port.settings.durable,
+                           transacted=self.acks.transacted)
         try:
             sub.open()
         except BaseException:
             sub.close()
             raise
+        self.acks.attach(sub)
         return sub
 
     def _drain(self, sub: Subscription) -> None:
@@ -293,6 +315,7 @@ class Consumer:
         while self._should_run():
             self.alive_at = time.monotonic()
             sub.drain(0.5)
+            self.acks.tick()
         self._hand_back_all(sub)
 
     def _set_consuming(self, value: bool) -> None:
@@ -305,6 +328,7 @@ class Consumer:
         self.handing_back = True
         sub.cancel()
         self._flush_hand_backs()
+        self.acks.close()
         self.handing_back = False
 
     def hand_back(self, raw: Any, message_id: str | None = None) -> None:

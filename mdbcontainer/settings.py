@@ -140,6 +140,12 @@ class PortSettings(_Strict):
             raise ValueError("a port needs exactly one of 'destination' (a queue) or 'topic'")
         if self.durable and not (self.client_id and self.subscription):
             raise ValueError("durable = true needs both 'client_id' and 'subscription'")
+        if self.topic is None and (self.durable or self.client_id or self.subscription):
+            raise ValueError("client_id, subscription and durable apply to a topic port only")
+        if self.durable and self.concurrency > 1:
+            raise ValueError(
+                "a durable subscription has one active subscriber (JMS): concurrency must be 1"
+            )
         if self.transaction == "container" and self.acknowledge != "auto":
             raise ValueError(
                 f"acknowledge = {self.acknowledge!r} cannot apply with transaction = "

@@ -1,0 +1,265 @@
+"""Acknowledgment modes (seed 001, 5.1.1): when the broker hears that a message is done.
+
+The delivery pipeline decides *whether* a delivery is done; the port's
+``acknowledge`` setting decides *when* the broker is told, through one
+:class:`Acknowledger` per consumer:
+
+- ``auto``: each message as its handler returns (after its transaction commits).
+- ``client``: the handler decides. ``ctx.acknowledge()`` acknowledges this and
+  every earlier message of the consumer (AMQP ``basic.ack`` with ``multiple``);
+  ``ctx.recover()`` hands every unacknowledged one back to the queue; what is
+  still unacknowledged when the port stops or the container exits goes back too.
+- ``dups_ok``: lazily, in batches bounded in count (half the prefetch, at most
+  50) and in time (1 s), flushed at shutdown. After a crash the unacknowledged
+  tail is delivered again: the dedup table absorbs it where ``once_only`` is on.
+- ``transacted``: the consumer's channel is transacted (AMQP ``tx.select``).
+  Every publish of a delivery (``ctx.send``, ``ctx.reply``, a backout copy) goes
+  out on that channel and commits with its acknowledgment, or not at all.
+
+A message handed back unprocessed (by ``recover()``, a stop, a lost
+connection) is recorded as handed back in the delivery counts, so its
+redelivery is not counted as a failed delivery. After a crash (SIGKILL) there
+is no chance to record it: it counts once, as contract section 4 says of every
+message outstanding when its process died.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+from .broker import describe
+from .crash import crash_point
+from .errors import SettingsError
+
+if TYPE_CHECKING:
+    from .broker import Subscription
+    from .port import Consumer, ListenerPort
+
+log = logging.getLogger("mdbcontainer.acknowledge")
+
+ClientAck = Callable[[str], None]
+LAZY_INTERVAL = 1.0
+LAZY_MAX_BATCH = 50
+
+
+def check_supported(port: ListenerPort) -> None:
+    """Refuse at start a mode the transport cannot provide (one line naming the key)."""
+    caps = port.resources.capabilities
+    if port.settings.acknowledge == "transacted" and not caps.channel_transactions:
+        raise SettingsError(
+            f"{port.resources.settings.source}: ports.{port.name}.acknowledge: 'transacted' needs "
+            f"AMQP channel transactions, which the {caps.name} broker does not provide: use "
+            "RabbitMQ, or transaction = 'bean' with once_only = true"
+        )
+
+
+def acknowledger_for(consumer: Consumer) -> Acknowledger:
+    """The strategy of the consumer's port."""
+    settings = consumer.port.settings
+    if settings.acknowledge == "client":
+        return ClientAcknowledger(consumer)
+    if settings.acknowledge == "dups_ok":
+        return LazyAcknowledger(consumer, max(1, min(LAZY_MAX_BATCH, settings.prefetch // 2)))
+    if settings.acknowledge == "transacted":
+        return TransactedAcknowledger(consumer)
+    return Acknowledger(consumer)
+
+
+class Acknowledger:
+    """``auto``: acknowledge each message as its handler returns."""
+
+    transacted = False
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.sub: Subscription | None = None
+        self._current: tuple[Any, str] | None = None
+        self._held: list[tuple[Any, str]] = []
+
+    def attach(self, sub: Subscription) -> None:
+        """A new channel; whatever the previous one held went back to the queue with it."""
+        self.sub = sub
+        self._held = []
+
+    def deliver(self, pipeline: Callable[[Any], None]) -> Callable[[Any], None]:
+        """The channel's message callback (the transacted mode commits after each delivery)."""
+        return pipeline
+
+    def begin(self, raw: Any, message_id: str) -> ClientAck | None:
+        """A delivery enters its unit of work; returns the unit's ``client_ack`` hook, if any."""
+        self._current = (raw, message_id)
+        return None
+
+    def settle(self, raw: Any) -> None:
+        """The delivery is done (its work committed): acknowledge it, now or later."""
+        raw.ack()
+
+    def consumed(self, raw: Any) -> bool:
+        """True when a failed delivery was already acknowledged (client mode): it cannot go back."""
+        return False
+
+    def tick(self) -> None:
+        """Called between drains: time-bounded work (the lazy mode's flush)."""
+
+    def close(self) -> None:
+        """Graceful stop, channel still open: flush, or hand back what is held."""
+
+    def release(self) -> None:
+        """The channel is closing or lost: the broker requeues what is held; record it as handed back."""
+        held, self._held = self._held, []
+        self._record_hand_back([message_id for _, message_id in held])
+
+    def _record_hand_back(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        port = self.consumer.port
+        try:
+            port.resources.counter.hand_back(port.queue, ids)
+        except Exception as exc:  # the database is away: those messages may count once more
+            log.warning("port %s: could not record %d hand-back(s): %s", port.name, len(ids),
+                        describe(exc))
+
+
+class ClientAcknowledger(Acknowledger):
+    """``client``: the handler acknowledges; unacknowledged messages are held, then handed back."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        super().__init__(consumer)
+        self._recovering = False
+        self._warned = False
+
+    def begin(self, raw: Any, message_id: str) -> ClientAck:
+        self._current = (raw, message_id)
+        self._recovering = False
+        return self._client_call
+
+    def _client_call(self, what: str) -> None:
+        if what == "ack":
+            self._acknowledge()
+        elif what == "recover":
+            self._recover()
+
+    def _acknowledge(self) -> None:
+        """basic.ack with multiple: this message and every earlier one of this channel."""
+        assert self._current is not None
+        raw, _ = self._current
+        if not raw.acknowledged:
+            raw.ack(multiple=True)
+        self._held = []
+        self._recovering = False
+
+    def _recover(self) -> None:
+        """Hand back every held message now, and the current one when its handler returns.
+
+        Not AMQP basic.recover: that would also requeue the prefetched messages
+        this consumer is about to process, whose delivery tags would then be
+        stale. Each held message is rejected with requeue instead; a classic
+        queue puts it back in its place.
+        """
+        held, self._held = self._held, []
+        self._hand_back(held)
+        self._recovering = True
+
+    def settle(self, raw: Any) -> None:
+        assert self._current is not None and self._current[0] is raw
+        if raw.acknowledged:
+            return
+        if self._recovering:
+            self._hand_back([self._current])
+            return
+        self._held.append(self._current)
+        self._warn_if_starving()
+
+    def consumed(self, raw: Any) -> bool:
+        return bool(raw.acknowledged)
+
+    def close(self) -> None:
+        held, self._held = self._held, []
+        self._hand_back(held)
+
+    def _hand_back(self, items: list[tuple[Any, str]]) -> None:
+        """Record first, then requeue: the redelivery must find the attempt closed."""
+        self._record_hand_back([message_id for _, message_id in items])
+        for raw, _ in items:
+            raw.reject(requeue=True)
+
+    def _warn_if_starving(self) -> None:
+        prefetch = self.consumer.port.settings.prefetch
+        if len(self._held) >= prefetch and not self._warned:
+            self._warned = True
+            log.warning(
+                "port %s: %d messages held unacknowledged (prefetch %d): the consumer receives "
+                "nothing more until the handler calls ctx.acknowledge()",
+                self.consumer.port.name, len(self._held), prefetch,
+            )
+
+
+class LazyAcknowledger(Acknowledger):
+    """``dups_ok``: acknowledge in batches (count or time), with one multiple ack each."""
+
+    def __init__(self, consumer: Consumer, batch: int, interval: float = LAZY_INTERVAL) -> None:
+        super().__init__(consumer)
+        self.batch = batch
+        self.interval = interval
+        self._since = 0.0
+
+    def settle(self, raw: Any) -> None:
+        assert self._current is not None and self._current[0] is raw
+        if not self._held:
+            self._since = time.monotonic()
+        self._held.append(self._current)
+        if len(self._held) >= self.batch:
+            self.flush()
+
+    def tick(self) -> None:
+        if self._held and time.monotonic() - self._since >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """One basic.ack with multiple on the latest message covers the whole batch."""
+        if self._held:
+            raw, _ = self._held[-1]
+            raw.ack(multiple=True)
+            self._held = []
+
+    def close(self) -> None:
+        self.flush()
+
+
+class TransactedAcknowledger(Acknowledger):
+    """``transacted``: publishes and the acknowledgment of a delivery commit together.
+
+    The subscription opens its channel with ``tx.select`` before consuming; the
+    consumer publishes on that channel (see ``Consumer.publish``), and every
+    delivery ends with ``tx.commit``. A failed delivery publishes nothing (its
+    sends are discarded) and its requeue is what commits, so the message is
+    redelivered; a publish that fails half-way rolls the channel back.
+    """
+
+    transacted = True
+
+    def deliver(self, pipeline: Callable[[Any], None]) -> Callable[[Any], None]:
+        def deliver_and_commit(raw: Any) -> None:
+            pipeline(raw)
+            self.commit()
+
+        return deliver_and_commit
+
+    def commit(self) -> None:
+        assert self.sub is not None
+        crash_point("before-tx-commit")
+        self.sub.commit()
+
+    def publish(self, **publish: Any) -> None:
+        """Publish inside the channel's transaction; a failure discards what it published so far."""
+        assert self.sub is not None
+        try:
+            self.sub.publish(**publish)
+        except Exception:
+            with suppress(Exception):  # a broken channel has discarded the transaction anyway
+                self.sub.rollback()
+            raise
