@@ -180,11 +180,25 @@ def send(
 
 
 @app.command()
-def ports(config: ConfigOption = None, as_json: JsonOption = False) -> None:
+def ports(
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="A live table, redrawn every second, until Ctrl-C.")
+    ] = False,
+    iterations: Annotated[int | None, typer.Option(hidden=True, min=1)] = None,
+) -> None:
     """Every port of every running container: state, reason, counts."""
     from .operate import show_ports
 
+    if watch and as_json:
+        usage_error("--watch draws a live table; for scripts, poll mdb ports --json instead")
     settings = settings_for(config)
+    if watch:
+        from .watch import watch as watch_ports
+
+        guarded(lambda: watch_ports(settings, iterations))
+        return
     guarded(lambda: show_ports(settings, as_json))
 
 

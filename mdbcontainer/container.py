@@ -23,6 +23,8 @@ from .control import Control
 from .dedup import Dedup
 from .errors import ListenerError
 from .handlers import HandlerSpec, import_listeners
+from .http import OperationsServer
+from .logs import fields
 from .metrics import Metrics
 from .outbox import Outbox, Pending
 from .port import ListenerPort
@@ -88,7 +90,7 @@ class Resources:
         self.metrics = Metrics()
         self.units = UnitResources(store, self.dedup, self.outbox)
         self.shutting_down = False
-        self._outages: set[str] = set()
+        self._outages: dict[str, tuple[float, str]] = {}  # kind: (since, what failed)
         self._lock = threading.Lock()
 
     def dedup_seen(self, port: str, message_id: str) -> bool:
@@ -102,10 +104,10 @@ class Resources:
         with self._lock:
             if kind in self._outages:
                 return
-            self._outages.add(kind)
+            self._outages[kind] = (time.monotonic(), describe(error))
         where = self.broker.masked_url if kind == "broker" else "the database"
         log.error("%s unavailable (%s): %s; retrying with backoff, counting nothing against messages",
-                  kind, where, describe(error))
+                  kind, where, describe(error), extra=fields(outage=kind, outcome="outage"))
 
     def recovered(self, kind: str) -> None:
         if kind not in self._outages:
@@ -113,12 +115,20 @@ class Resources:
         with self._lock:
             if kind not in self._outages:
                 return
-            self._outages.discard(kind)
-        log.info("%s connection restored", kind)
+            since, _ = self._outages.pop(kind)
+        duration = time.monotonic() - since
+        log.info("%s connection restored after %.1fs", kind, duration,
+                 extra=fields(outage=kind, outcome="restored", duration=round(duration, 3)))
 
     @property
     def outages(self) -> set[str]:
         return set(self._outages)
+
+    def outage_report(self) -> dict[str, tuple[float, str]]:
+        """Each current outage: seconds since it began, and what failed (for /readyz)."""
+        now = time.monotonic()
+        with self._lock:
+            return {kind: (now - since, error) for kind, (since, error) in self._outages.items()}
 
 
 class Container:
@@ -134,6 +144,9 @@ class Container:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._generations: dict[str, int] = {}
+        self.http: OperationsServer | None = None
+        for port in self.ports.values():
+            self._bind_metrics(port)
 
     def _port(self, binding: Binding) -> ListenerPort:
         queue = binding.settings.queue_name
@@ -143,14 +156,38 @@ class Container:
             backout_queue=self.settings.backout_queue_for(queue),
         )
 
+    def _bind_metrics(self, port: ListenerPort) -> None:
+        """The port's gauges read the port at scrape time: nothing to update per delivery."""
+
+        def started() -> bool:
+            return port.state == "started"
+
+        def failures() -> int:
+            return port.stats.consecutive_failures
+
+        def in_flight() -> int:
+            return sum(c.delivering_since is not None for c in list(port.consumers))
+
+        self.resources.metrics.bind_port(port.name, started=started, failures=failures,
+                                         in_flight=in_flight)
+
     @property
     def id(self) -> str:
         return self.resources.control.id
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The container's own background threads (control, housekeeping), for /healthz."""
+        return list(self._threads)
 
     # -- lifecycle ----------------------------------------------------------
 
     def start(self) -> None:
         """Create tables, register with the fleet, start ports and the background loops."""
+        c = self.settings.container
+        if c.metrics_port:
+            self.http = OperationsServer(self, c.metrics_host, c.metrics_port)
+            self.http.start()
         self.store.create_tables()
         self.resources.control.register()
         wanted = self.resources.control.wanted()
@@ -183,6 +220,8 @@ class Container:
         finished = all(p.join(max(0.0, deadline - time.monotonic())) for p in self.ports.values())
         for thread in self._threads:
             thread.join(1.0)
+        if self.http is not None:
+            self.http.stop()
         try:
             self.resources.control.deregister()
         except Exception as exc:
@@ -217,12 +256,18 @@ class Container:
 
     def _control_loop(self) -> None:
         interval = self.settings.container.control_interval.total_seconds()
+        failing = False  # this loop ends only the outage it saw: a consumer ends its own
         while not self._stop.wait(interval):
             try:
                 self.apply_wanted()
                 self.resources.control.heartbeat(self.port_rows())
             except Exception as exc:
+                failing = True
                 self.resources.outage("database", exc)
+                continue
+            if failing:
+                failing = False
+                self.resources.recovered("database")
 
     def apply_wanted(self) -> None:
         """Start or stop ports as the fleet's switches say (a newer generation wins)."""
@@ -247,6 +292,7 @@ class Container:
             s = port.stats
             rows.append({
                 "port": name, "destination": port.settings.destination or port.settings.topic,
+                "queue": port.queue,
                 "state": port.state, "reason": port.reason,
                 "consecutive_failures": s.consecutive_failures, "delivered": s.delivered,
                 "failed": s.failed, "backed_out": s.backed_out, "expired": s.expired,
@@ -261,6 +307,7 @@ class Container:
         try:
             while not self._stop.wait(RELAY_EVERY):
                 self._relay(publisher)
+                self._measure_outbox()
                 if time.monotonic() - last_purge >= PURGE_EVERY:
                     last_purge = time.monotonic()
                     self.purge()
@@ -273,6 +320,13 @@ class Container:
         except Exception as exc:
             publisher.close()
             log.warning("outbox relay will retry: %s", describe(exc))
+
+    def _measure_outbox(self) -> None:
+        """The outbox backlog gauge: one count query per relay round, never per message."""
+        try:
+            self.resources.metrics.outbox_backlog.set(self.resources.outbox.backlog())
+        except Exception as exc:
+            log.debug("outbox backlog not measured: %s", describe(exc))
 
     def purge(self) -> int:
         try:

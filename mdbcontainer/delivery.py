@@ -33,6 +33,7 @@ from .broker import connection_errors, describe
 from .context import MessageContext
 from .crash import crash_point
 from .handlers import Invoker
+from .logs import fields
 from .message import InvalidBody, Message, body_hash_id, decode_body, from_epoch
 from .producer import Outgoing
 from .transactions import Outcome, is_infrastructure, unit_class
@@ -62,11 +63,22 @@ class Pipeline:
         self.once_only = self.settings.is_once_only
         self.threshold = port.queue_settings.backout_threshold
         self.first_implicit = port.resources.capabilities.redelivered_flag
+        self._started = time.monotonic()  # of the current delivery, for its log lines
 
     # -- the pipeline ------------------------------------------------------
 
     def __call__(self, raw: Any) -> None:
-        """Process one delivery; database outages hold it, broker outages reconnect."""
+        """Process one delivery, marked in flight for /healthz and the in-flight gauge."""
+        consumer = self.consumer
+        consumer.delivering_since = self._started = time.monotonic()
+        try:
+            self._attempt(raw)
+        finally:
+            consumer.delivering_since = None
+            consumer.alive_at = time.monotonic()
+
+    def _attempt(self, raw: Any) -> None:
+        """Database outages hold the delivery; broker outages reconnect."""
         while True:
             try:
                 self._process(raw)
@@ -150,8 +162,7 @@ class Pipeline:
                                self.settings.max_message_bytes, self.queue)
             argument = self.invoker.argument(message)
         except InvalidBody as exc:
-            self.backout(raw, REASON_INVALID, count, f"InvalidBody: {exc}")
-            self.port.record("invalid_body")
+            self.backout(raw, REASON_INVALID, count, f"InvalidBody: {exc}", outcome="invalid_body")
             return None
         self._argument = argument
         return message
@@ -202,6 +213,9 @@ class Pipeline:
         self.port.record("handled" if outcome.kind == "handled" else "duplicate_skipped")
         if outcome.kind == "handled":
             self.port.after_success()
+            self.port.resources.metrics.end_to_end(self.port.name, raw.properties.get("timestamp"))
+            if log.isEnabledFor(logging.DEBUG):  # per successful message only when asked
+                self._log(logging.DEBUG, "handled", raw.properties.get("message_id"), None, "")
 
     def _failed(self, raw: Any, message: Message, outcome: Outcome) -> None:
         assert outcome.error is not None and message.id is not None
@@ -210,10 +224,8 @@ class Pipeline:
             return
         text = exception_text(outcome.error)
         count = message.redelivery_count + 1
-        log.warning(
-            "port %s: delivery failed: message %s, redelivery count %d: %s",
-            self.port.name, message.id, message.redelivery_count, describe(outcome.error),
-        )
+        self._log(logging.WARNING, "failed", message.id, message.redelivery_count,
+                  describe(outcome.error))
         self.port.resources.counter.fail(self.queue, message.id, text)
         self.port.record("failed")
         decision = self.port.after_failure()
@@ -241,8 +253,13 @@ class Pipeline:
             self.consumer.sleep(wait)
         raw.reject(requeue=True)
 
-    def backout(self, raw: Any, reason: str, count: int, exception: str | None) -> None:
-        """Move the message to its backout queue: confirmed copy first, then the acknowledgment."""
+    def backout(self, raw: Any, reason: str, count: int, exception: str | None,
+                outcome: str = "backed_out") -> None:
+        """Move the message to its backout queue: confirmed copy first, then the acknowledgment.
+
+        ``outcome`` is what the delivery counts as (one outcome per delivery, so the
+        outcomes of ``mdb_deliveries_total`` add up to the deliveries).
+        """
         headers = backout_headers(
             dict(raw.headers or {}), reason=reason, destination=self.queue,
             port=self.port.name, count=count, exception=exception,
@@ -250,10 +267,20 @@ class Pipeline:
         self._publish_copy(raw, self.port.backout_queue, headers, replace=True)
         crash_point("mid-backout")
         raw.ack()
-        self.port.record("backed_out")
-        log.warning("port %s: message %s moved to %s (%s, redelivery count %d)",
-                    self.port.name, raw.properties.get("message_id"), self.port.backout_queue,
-                    reason, count)
+        self.port.record(outcome)
+        self._log(logging.WARNING, outcome, raw.properties.get("message_id"), count,
+                  f"moved to {self.port.backout_queue} ({reason})")
+
+    def _log(self, level: int, outcome: str, message_id: Any, count: int | None, detail: str) -> None:
+        """One line per failed or backed-out delivery: its facts in the text and as fields."""
+        duration = time.monotonic() - self._started
+        label = {"failed": "delivery failed", "backed_out": "backed out",
+                 "invalid_body": "invalid body, backed out"}.get(outcome, outcome)
+        counted = "" if count is None else f", redelivery count {count}"
+        log.log(level, "port %s: %s: message %s%s, after %.3fs%s", self.port.name, label, message_id,
+                counted, duration, f": {detail}" if detail else "",
+                extra=fields(port=self.port.name, message_id=message_id, redelivery_count=count,
+                             outcome=outcome, duration=round(duration, 6)))
 
     def _publish_copy(self, raw: Any, queue: str, headers: dict[str, Any], replace: bool = False) -> None:
         self.consumer.publish(copy_of(raw, queue, headers, replace=replace))

@@ -26,6 +26,7 @@ import tenacity
 from .acknowledge import acknowledger_for, check_supported
 from .broker import Publisher, Subscription, connection_errors, describe
 from .delivery import Pipeline
+from .logs import fields
 from .producer import Outgoing
 from .replies import mark_consumer_thread
 from .settings import PortSettings, QueueSettings
@@ -145,11 +146,13 @@ class ListenerPort:
         elif self.state == "started":
             self._set_state("stopped", f"{len(self.consumers) - up} consumer(s) reconnecting")
 
-    def _set_state(self, state: str, reason: str) -> None:
+    def _set_state(self, state: str, reason: str, *, logged: bool = False) -> None:
         if (state, reason) != (self.state, self.reason):
             self.state, self.reason, self.since = state, reason, datetime.now(UTC)
             self.resources.metrics.port_state(self.name, state == "started")
-            log.info("port %s %s%s", self.name, state, f": {reason}" if reason else "")
+            if not logged:  # one line per state change: the caller may have logged it richer
+                log.info("port %s %s%s", self.name, state, f": {reason}" if reason else "",
+                         extra=fields(port=self.name, state=state, reason=reason))
 
     # -- Maximum retries ---------------------------------------------------
 
@@ -187,8 +190,11 @@ class ListenerPort:
                 f"{self.stats.consecutive_failures} consecutive failed deliveries, last message "
                 f"{message_id}: {describe(error)}"
             )
-        log.error("port %s stopped: %s", self.name, reason)
-        self.stop(reason)
+        log.error("port %s stopped: %s", self.name, reason,
+                  extra=fields(port=self.name, message_id=message_id, outcome="port_stopped",
+                               state="stopped", reason=reason))
+        self._stopping.set()
+        self._set_state("stopped", reason, logged=True)
         self.resources.control.set_port(self.name, "stopped", reason)
 
     # -- infrastructure outages --------------------------------------------
@@ -218,6 +224,8 @@ class Consumer:
             target=self._run, name=f"mdb-{port.name}-{index}", daemon=True
         )
         self.alive_at = time.monotonic()
+        # Set by the pipeline while a delivery runs: /healthz and the in-flight gauge read it.
+        self.delivering_since: float | None = None
 
     @property
     def publisher(self) -> Publisher:

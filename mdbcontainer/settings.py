@@ -82,6 +82,7 @@ class ContainerSettings(_Strict):
     shutdown_timeout: Duration = timedelta(seconds=30)
     connect_timeout: Duration = timedelta(seconds=10)
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"  # all interfaces: a Kubernetes probe comes from outside the pod
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     table_prefix: str = Field(default="mdb_", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -1,0 +1,351 @@
+"""Operating the container: /metrics, /healthz, /readyz, structured logs, ``mdb ports --watch``.
+
+Everything is read the way an operator's tools read it: Prometheus scrapes the
+HTTP endpoint, a Kubernetes probe looks at the status code and the JSON
+reason, a log stack parses JSON lines, a person runs the CLI.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mdbcontainer.logs import JsonFormatter, MaskingFilter, TextFormatter
+from mdbcontainer.producer import Outgoing, outgoing
+from mdbcontainer.testing import wait_for
+from tests.conftest import ROOT, Backend
+
+pytestmark = pytest.mark.slow
+
+OUTCOMES = ("handled", "failed", "backed_out", "duplicate_skipped", "expired", "invalid_body")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    status, body = get(port, path)
+    return status, json.loads(body)
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    status, text = get(port, "/metrics")
+    assert status == 200
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text) for s in family.samples
+    }
+
+
+def deliveries(samples: dict[Any, float], port: str) -> dict[str, float]:
+    return {o: samples.get(("mdb_deliveries_total", (("outcome", o), ("port", port))), -1.0)
+            for o in OUTCOMES}
+
+
+def mdb(*args: str, settings: Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
+        capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT, timeout=timeout,
+    )
+
+
+def stale_message(queue: str, message_id: str) -> Outgoing:
+    """Sent an hour ago with a minute to live: the broker keeps it, the container finds it expired."""
+    fresh = outgoing(queue, {"n": message_id}, ttl="60s", message_id=message_id)
+    return Outgoing(queue, fresh.body, {**fresh.properties, "timestamp": int(time.time()) - 3600})
+
+
+def foreign_body(queue: str, message_id: str) -> Outgoing:
+    """A body in a content type the port does not accept: poison the container sees."""
+    props = {"message_id": message_id, "content_type": "application/xml", "delivery_mode": 2,
+             "headers": {}}
+    return Outgoing(queue, b"<order/>", props)
+
+
+# -- /metrics -------------------------------------------------------------------------------
+
+
+def test_metrics_count_every_outcome_and_show_idle_ports_at_zero(backend: Backend) -> None:
+    queue, idle = backend.q("ORDERS"), backend.q("IDLE")
+    port = free_port()
+    settings = backend.write(
+        ports={"Work": {"destination": queue, "max_retries": 5, "prefetch": 1},
+               "Bean": {"destination": idle, "autostart": False}},
+        queues={queue: {"backout_threshold": 2}, idle: {}}, metrics_port=port,
+    )
+    with backend.producer(settings) as producer:
+        for n in range(3):
+            producer.send(queue, {"n": n}, message_id=f"ok-{n}")
+        producer.send(queue, {"n": 10, "action": "fail"}, message_id="poison")
+        producer.send(queue, {"n": 20}, message_id="twice")
+        producer.send(queue, {"n": 20}, message_id="twice")
+        producer.publish(stale_message(queue, "stale"))
+        producer.publish(foreign_body(queue, "xml"))
+    expected = {"handled": 4, "failed": 2, "backed_out": 1, "duplicate_skipped": 1,
+                "expired": 1, "invalid_body": 1}
+    with backend.container(settings).start(wait=False) as container:
+        container.wait_started(ports=["Work"])
+        wait_for(lambda: deliveries(scrape(port), "Work") == expected, timeout=30,
+                 what=f"the counts {expected}")
+        samples = scrape(port)
+    labels = (("port", "Work"),)
+    assert samples[("mdb_port_started", labels)] == 1
+    assert samples[("mdb_port_consecutive_failures", labels)] == 0, "the backout reset the count"
+    assert samples[("mdb_deliveries_in_flight", labels)] == 0
+    assert samples[("mdb_handler_seconds_count", labels)] == 7, "4 handled, 2 failed, 1 duplicate"
+    assert samples[("mdb_end_to_end_seconds_count", labels)] == 4, "handled deliveries only"
+    assert samples[("mdb_end_to_end_seconds_sum", labels)] < 4 * 30
+    assert deliveries(samples, "Bean") == dict.fromkeys(OUTCOMES, 0), "an idle port's series exist"
+    assert samples[("mdb_port_started", (("port", "Bean"),))] == 0, "autostart = false: stopped"
+    assert samples[("mdb_outbox_backlog", ())] == 0
+    assert samples[("mdb_dedup_rows_purged_total", ())] == 0
+
+
+def test_gauges_show_a_delivery_in_flight_and_consecutive_failures(backend: Backend) -> None:
+    queue = backend.q("SLOW")
+    port = free_port()
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 0}}, metrics_port=port)
+    labels = (("port", "Work"),)
+    with backend.container(settings) as container, backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "action": "sleep", "seconds": 3}, message_id="slow")
+        wait_for(lambda: scrape(port)[("mdb_deliveries_in_flight", labels)] == 1, what="in flight")
+        assert probe(port, "/healthz")[0] == 200, "a long handler is not a wedged consumer"
+        wait_for(lambda: scrape(port)[("mdb_deliveries_in_flight", labels)] == 0, what="done")
+        producer.send(queue, {"n": 2, "action": "fail"}, message_id="bad")
+        wait_for(lambda: scrape(port)[("mdb_port_consecutive_failures", labels)] >= 3,
+                 what="consecutive failures")
+        assert container.alive()
+
+
+# -- /healthz and /readyz -----------------------------------------------------------------------
+
+
+def test_readyz_follows_the_ports_and_healthz_stays_up(backend: Backend) -> None:
+    queue = backend.q("ORDERS")
+    port = free_port()
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}},
+                             metrics_port=port)
+    with backend.container(settings) as container:
+        assert probe(port, "/readyz") == (200, {"status": "ready", "reasons": [],
+                                                "ports": {"Work": "started"}})
+        assert probe(port, "/healthz")[0] == 200
+        assert mdb("port", "stop", "Work", settings=settings, env=backend.env).returncode == 0
+        wait_for(lambda: (container.port_state("Work") or {}).get("state") == "stopped",
+                 what="the port to stop")
+        assert probe(port, "/readyz")[0] == 200, "stopped by a person: stopped as configured"
+        assert mdb("port", "start", "Work", settings=settings, env=backend.env).returncode == 0
+        container.wait_started()
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "fail"}, message_id="poison")
+        wait_for(lambda: probe(port, "/readyz")[0] == 503, what="readyz to fail")
+        _, body = probe(port, "/readyz")
+        assert body["status"] == "not ready" and body["ports"] == {"Work": "stopped"}
+        assert body["reasons"][0].startswith("port Work stopped: maximum retries (0) exceeded")
+        assert "poison" in body["reasons"][0]
+        assert probe(port, "/healthz") == (200, {"status": "alive", "reasons": [],
+                                                 "ports": {"Work": "stopped"}})
+        assert get(port, "/nothing")[0] == 404
+
+
+def test_a_taken_metrics_port_is_one_line_naming_the_setting(backend: Backend) -> None:
+    queue = backend.q("ORDERS")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}},
+                                 metrics_port=port, metrics_host="127.0.0.1")
+        result = mdb("run", settings=settings, env=backend.env)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("mdb: error:") and "container.metrics_port" in lines[-1]
+    assert f"127.0.0.1:{port}" in lines[-1] and "Traceback" not in result.stderr
+
+
+@pytest.mark.disruptive
+def test_readyz_fails_while_rabbitmq_is_stopped_and_recovers(rabbit: Backend) -> None:
+    queue = rabbit.q("ORDERS")
+    port = free_port()
+    settings = rabbit.write(ports={"Work": {"destination": queue}}, queues={queue: {}},
+                            metrics_port=port)
+    with rabbit.container(settings) as container:
+        wait_for(lambda: probe(port, "/readyz")[0] == 200, what="ready")
+        try:
+            rabbitmqctl("stop_app")
+            wait_for(lambda: probe(port, "/readyz")[0] == 503, timeout=30, what="not ready")
+            _, body = probe(port, "/readyz")
+            assert any(r.startswith("broker unavailable for") for r in body["reasons"]), body
+            assert probe(port, "/healthz")[0] == 200, "an outage is not a reason to restart"
+        finally:
+            rabbitmqctl("start_app")
+            wait_for(lambda: amqp_accepts(), timeout=120, interval=1, what="RabbitMQ back")
+        wait_for(lambda: probe(port, "/readyz")[0] == 200, timeout=60, what="ready again")
+        with rabbit.producer(settings) as producer:
+            producer.send(queue, {"n": 1}, message_id="after")
+        wait_for(lambda: "after" in rabbit.effects(), what="a delivery after the outage")
+        output = container.output()
+    assert output.count("broker unavailable") == 1, "the outage is logged once"
+    assert "broker connection restored after" in output
+    assert "guest:guest" not in output
+
+
+def rabbitmqctl(command: str) -> None:
+    subprocess.run(["rabbitmqctl", command], check=True, capture_output=True, timeout=120)
+
+
+def amqp_accepts() -> bool:
+    import kombu
+
+    try:
+        with kombu.Connection("amqp://guest:guest@127.0.0.1:5672//", connect_timeout=2) as conn:
+            conn.connect()
+            return True
+    except Exception:
+        return False
+
+
+# -- logs -----------------------------------------------------------------------------------
+
+
+def test_json_logs_carry_the_facts_of_failures_backouts_and_state_changes(backend: Backend) -> None:
+    queue = backend.q("ORDERS")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 2, "prefetch": 1}},
+                             queues={queue: {"backout_threshold": 2}}, log_format="json")
+    with backend.producer(settings) as producer:
+        for n in range(5):
+            producer.send(queue, {"n": n}, message_id=f"ok-{n}")
+        producer.send(queue, {"n": 9, "action": "fail"}, message_id="poison")
+    with backend.container(settings) as container:
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
+        wait_for(lambda: len(backend.effects()) == 5, what="good messages")
+        output = container.output()
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert len(lines) == len(output.splitlines()), "every line is JSON"
+    failures = [e for e in lines if e.get("outcome") == "failed"]
+    assert [(e["port"], e["message_id"], e["redelivery_count"]) for e in failures] == [
+        ("Work", "poison", 0), ("Work", "poison", 1)]
+    assert all(e["level"] == "WARNING" and isinstance(e["duration"], float) for e in failures)
+    backout = [e for e in lines if e.get("outcome") == "backed_out"]
+    assert [(e["port"], e["message_id"], e["redelivery_count"]) for e in backout] == [
+        ("Work", "poison", 2)]
+    assert backend.q("DLQ") in backout[0]["message"]
+    started = [e for e in lines if e.get("state") == "started"]
+    assert started and started[0]["port"] == "Work"
+    assert not [e for e in lines if "ok-" in e["message"]], "nothing per successful message"
+
+
+def test_text_logs_say_port_message_count_and_duration(backend: Backend) -> None:
+    queue = backend.q("ORDERS")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1}, message_id="fine")
+        producer.send(queue, {"n": 2, "action": "fail"}, message_id="poison")
+    with backend.container(settings).start(wait=False) as container:
+        wait_for(lambda: (container.port_state("Work") or {}).get("state") == "stopped"
+                 and "port Work stopped" in container.output(), what="the port to stop")
+        output = container.output()
+    failed = [line for line in output.splitlines() if "delivery failed" in line]
+    assert len(failed) == 1
+    assert "port Work: delivery failed: message poison, redelivery count 0, after " in failed[0]
+    assert failed[0].rstrip().endswith("RuntimeError: poison message 2")
+    assert len([line for line in output.splitlines() if "port Work stopped" in line]) == 1, \
+        "one line per state change"
+    assert "fine" not in output
+
+
+def _formatted(formatter: logging.Formatter, message: str, *args: Any) -> str:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(MaskingFilter())
+    handler.setFormatter(formatter)
+    logger = logging.getLogger(f"test.mask.{id(formatter)}")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        try:
+            raise ConnectionError("could not reach amqp://app:s3cret@rabbit:5672// (password=hunter2)")
+        except ConnectionError:
+            logger.exception(message, *args)
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("formatter", [TextFormatter(), JsonFormatter()], ids=["text", "json"])
+def test_no_secret_reaches_a_log_line(formatter: logging.Formatter) -> None:
+    out = _formatted(formatter, "connect %s with password=%s failed", "postgresql://u:pg-secret@db/x",
+                     "topsecret")
+    for secret in ("s3cret", "hunter2", "pg-secret", "topsecret"):
+        assert secret not in out, out
+    assert "amqp://app:***@rabbit" in out and "postgresql://u:***@db/x" in out
+    assert "password=***" in out
+
+
+# -- mdb ports --watch ----------------------------------------------------------------------------
+
+
+def test_watch_draws_states_rates_failures_and_backlog(backend: Backend) -> None:
+    queue, other = backend.q("ORDERS"), backend.q("AUDIT")
+    settings = backend.write(
+        ports={"Work": {"destination": queue, "max_retries": 20}, "Bean": {"destination": other}},
+        queues={queue: {}, other: {}},
+    )
+    with backend.producer(settings) as producer:
+        producer.send(other, {"n": 0, "action": "fail"}, message_id="poison")
+        producer.send(other, {"n": 1}, message_id="waiting")
+    with backend.container(settings).start(wait=False) as container:
+        wait_for(lambda: (container.port_state("Bean") or {}).get("state") == "stopped",
+                 what="Bean to stop")
+        result = mdb("ports", "--watch", "--iterations", "2", settings=settings, env=backend.env)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "mdb ports --watch" in out and "msg/s" in out and "backlog" in out
+    bean = next(line for line in out.splitlines() if f" {other} " in line)
+    assert "stopped" in bean and "maximum retries (0) exceeded" in bean
+    assert bean.split("│")[10].strip() == "2", "the poison message and the one behind it wait"
+    work = next(line for line in out.splitlines() if f" {queue} " in line)
+    assert "started" in work
+    assert f"backout queues: {backend.q('DLQ')} 0" in out
+
+
+def test_watch_exits_0_on_ctrl_c_and_refuses_json(backend: Backend) -> None:
+    settings = backend.write(ports={"Work": {"destination": backend.q("Q")}})
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "mdbcontainer", "ports", "--watch", "-c", str(settings)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, **backend.env},
+    )
+    time.sleep(3)
+    watcher.send_signal(signal.SIGINT)
+    out, err = watcher.communicate(timeout=20)
+    assert watcher.returncode == 0, err
+    assert "no running containers" in out
+    result = mdb("ports", "--watch", "--json", settings=settings, env=backend.env)
+    assert result.returncode == 2 and "--watch" in result.stderr
