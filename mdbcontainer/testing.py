@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import kombu
+from sqlalchemy.engine import make_url
 
 from .broker import Broker
 from .control import Control
 from .settings import Settings, load_settings
-from .store import Store
+from .store import Store, make_engine
 
 
 def dump_toml(data: dict[str, Any]) -> str:
@@ -111,9 +112,16 @@ class ContainerProcess:
         assert self.proc is not None
         return self.proc.pid
 
+    def _store(self) -> Store:
+        """The container's database as the child sees it (a relative SQLite path is from its cwd)."""
+        url = make_url(self.settings.container.database_url)
+        if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).is_absolute():
+            url = url.set(database=str(self.cwd / url.database))
+        return Store(self.settings.container, engine=make_engine(url.render_as_string(False)))
+
     def rows(self) -> list[dict[str, Any]]:
         """This process's ports as ``mdb ports --json`` shows them."""
-        store = Store(self.settings.container)
+        store = self._store()
         try:
             return [r for r in Control(store).live() if r["container"].split(":")[-2] == str(self.pid)]
         except Exception:
