@@ -203,21 +203,21 @@ def ports(
 
 
 @port_app.command("start")
-def port_start(name: str, config: ConfigOption = None) -> None:
+def port_start(name: str, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Start port NAME in every running container (and for containers started later)."""
     from .operate import switch_port
 
     settings = settings_for(config)
-    guarded(lambda: switch_port(settings, name, "started"))
+    guarded(lambda: switch_port(settings, name, "started", as_json))
 
 
 @port_app.command("stop")
-def port_stop(name: str, config: ConfigOption = None) -> None:
+def port_stop(name: str, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Stop port NAME in every running container (and for containers started later)."""
     from .operate import switch_port
 
     settings = settings_for(config)
-    guarded(lambda: switch_port(settings, name, "stopped"))
+    guarded(lambda: switch_port(settings, name, "stopped", as_json))
 
 
 @dedup_app.command("purge")
@@ -226,12 +226,13 @@ def dedup_purge(
     older_than: Annotated[
         str | None, typer.Option("--older-than", help="e.g. 7d (default: dedup_retention).")
     ] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Delete dedup rows past retention, in short batches."""
     from .operate import purge_dedup
 
     settings = settings_for(config)
-    guarded(lambda: purge_dedup(settings, older_than))
+    guarded(lambda: purge_dedup(settings, older_than, as_json))
 
 
 # -- backout queues ---------------------------------------------------------------

@@ -44,21 +44,28 @@ def show_ports(settings: Settings, as_json: bool) -> None:
     Console(width=200).print(table)
 
 
-def switch_port(settings: Settings, name: str, state: str) -> None:
+def switch_port(settings: Settings, name: str, state: str, as_json: bool = False) -> None:
     from .container import bind
+    from .http import STOPPED_BY_OPERATOR
 
     known = {b.name for b in bind(settings)}
     if name not in known:
         raise MdbError(f"no port {name!r} in {settings.source} (ports: {', '.join(sorted(known))})")
-    reason = "" if state == "started" else "stopped by mdb port stop"
+    reason = "" if state == "started" else STOPPED_BY_OPERATOR
     Control(_store(settings)).set_port(name, state, reason)
-    typer.echo(f"port {name}: {state} requested; running containers act within "
-               f"{format_duration(settings.container.control_interval)}")
+    within = format_duration(settings.container.control_interval)
+    if as_json:
+        typer.echo(json.dumps({"port": name, "requested": state, "within": within}))
+        return
+    typer.echo(f"port {name}: {state} requested; running containers act within {within}")
 
 
-def purge_dedup(settings: Settings, older_than: str | None) -> None:
+def purge_dedup(settings: Settings, older_than: str | None, as_json: bool = False) -> None:
     age = settings.container.dedup_retention if older_than is None else _duration(older_than)
     removed = Dedup(_store(settings)).purge(age)
+    if as_json:
+        typer.echo(json.dumps({"removed": removed, "older_than": format_duration(age)}))
+        return
     typer.echo(f"removed {removed} dedup row(s) older than {format_duration(age)}")
 
 

@@ -156,7 +156,8 @@ def test_readyz_follows_the_ports_and_healthz_stays_up(backend: Backend) -> None
         assert probe(port, "/readyz") == (200, {"status": "ready", "reasons": [],
                                                 "ports": {"Work": "started"}})
         assert probe(port, "/healthz")[0] == 200
-        assert mdb("port", "stop", "Work", settings=settings, env=backend.env).returncode == 0
+        stopped = mdb("port", "stop", "Work", "--json", settings=settings, env=backend.env)
+        assert json.loads(stopped.stdout) == {"port": "Work", "requested": "stopped", "within": "200ms"}
         wait_for(lambda: (container.port_state("Work") or {}).get("state") == "stopped",
                  what="the port to stop")
         assert probe(port, "/readyz")[0] == 200, "stopped by a person: stopped as configured"
@@ -172,6 +173,13 @@ def test_readyz_follows_the_ports_and_healthz_stays_up(backend: Backend) -> None
         assert probe(port, "/healthz") == (200, {"status": "alive", "reasons": [],
                                                  "ports": {"Work": "stopped"}})
         assert get(port, "/nothing")[0] == 404
+
+
+def test_dedup_purge_speaks_json_for_scripts(backend: Backend) -> None:
+    settings = backend.write(ports={"Work": {"destination": backend.q("Q")}})
+    result = mdb("dedup", "purge", "--older-than", "1d", "--json", settings=settings, env=backend.env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"removed": 0, "older_than": "1d"}
 
 
 def test_a_taken_metrics_port_is_one_line_naming_the_setting(backend: Backend) -> None:
