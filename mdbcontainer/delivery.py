@@ -257,8 +257,8 @@ class Pipeline:
                 outcome: str = "backed_out") -> None:
         """Move the message to its backout queue: confirmed copy first, then the acknowledgment.
 
-        ``outcome`` is what the delivery counts as (one outcome per delivery, so the
-        outcomes of ``mdb_deliveries_total`` add up to the deliveries).
+        ``outcome`` is what the move counts as: an invalid body counts as
+        ``invalid_body`` only, not also as ``backed_out``.
         """
         headers = backout_headers(
             dict(raw.headers or {}), reason=reason, destination=self.queue,

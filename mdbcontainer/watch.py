@@ -32,7 +32,7 @@ from .store import Store
 REFRESH = 1.0
 RATE_WINDOW = 5.0
 STALE_AFTER = 3.0
-REASON_WIDTH = 70
+REASON_WIDTH = 50
 
 
 @dataclass
@@ -171,7 +171,8 @@ def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
                             ("state", "left"), ("msg/s", "right"), ("failures", "right"),
                             ("delivered", "right"), ("failed", "right"), ("backed out", "right"),
                             ("backlog", "right"), ("since", "left"), ("reason", "left")):
-        table.add_column(column, justify=justify, no_wrap=column != "reason")  # type: ignore[arg-type]
+        table.add_column(column, justify=justify, no_wrap=True,  # type: ignore[arg-type]
+                         overflow="ellipsis", max_width=REASON_WIDTH if column == "reason" else None)
     for row in sample.rows:
         key = (row["container"], row["port"])
         depth = sample.depths.get(queue_of(row))
@@ -181,12 +182,12 @@ def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
             f"{rates.get(key, 0.0):.1f}", _number(row.get("consecutive_failures", 0), alarm=True),
             str(row.get("delivered", 0)), str(row.get("failed", 0)),
             str(int(row.get("backed_out") or 0) + int(row.get("invalid_body") or 0)),
-            "-" if depth is None else str(depth), str(row.get("since", ""))[11:19],
-            reason if len(reason) <= REASON_WIDTH else reason[: REASON_WIDTH - 1] + "…",
+            "-" if depth is None else str(depth), str(row.get("since", ""))[11:19], reason,
         )
     lines: list[Any] = [table]
     if not sample.rows:
         lines.append(Text("no running containers", style="yellow"))
+    lines += _stop_reasons(sample.rows)
     held = [f"{q} {sample.depths[q]}" for q in backout_queues if sample.depths.get(q) is not None]
     if held:
         lines.append(Text("backout queues: " + ", ".join(held)))
@@ -195,6 +196,15 @@ def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
                           style="bold yellow"))
     lines += [Text(problem, style="bold red") for problem in sample.problems]
     return Group(*lines)
+
+
+def _stop_reasons(rows: list[dict[str, Any]]) -> list[Text]:
+    """The whole reason of each stopped port, once: it names the message that stopped it."""
+    seen: dict[tuple[str, str], None] = {}
+    for row in rows:
+        if row.get("state") != "started" and row.get("reason"):
+            seen[(str(row["port"]), str(row["reason"]))] = None
+    return [Text(f"{port} stopped: {reason}", style="red") for port, reason in seen]
 
 
 def watch(settings: Settings, iterations: int | None = None, interval: float = REFRESH) -> None:
