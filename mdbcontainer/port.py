@@ -290,8 +290,10 @@ class Consumer:
         except connection_errors():
             return None
         except SubscriptionInUse as exc:  # not a fault to retry: JMS refuses a second subscriber
-            log.error("port %s stopped: %s", self.port.name, exc)
-            self.port.stop(f"{exc} (then mdb port start {self.port.name})")
+            reason = f"{exc} (then mdb port start {self.port.name})"
+            log.error("port %s stopped: %s", self.port.name, reason)
+            self.port._stopping.set()
+            self.port._set_state("stopped", reason, logged=True)
             return None
 
     def _before_retry(self, state: tenacity.RetryCallState) -> None:

@@ -80,12 +80,13 @@ def wait_for_reply(
         raise ValueError(f"timeout must be positive, not {seconds:g}s")
     conn = producer.broker.connect()
     channel: Any = None
+    consumer: kombu.Consumer | None = None
     queue = ""
     try:
         channel = conn.channel()
         queue = _temporary_queue(channel)
         replies: list[Any] = []
-        _listen(channel, queue, correlation_id, replies)
+        consumer = _listen(channel, queue, correlation_id, replies)
         producer.send(destination, body, reply_to=queue, correlation_id=correlation_id, **options)
         raw = _wait(conn, replies, seconds)
         if raw is None:
@@ -95,7 +96,7 @@ def wait_for_reply(
             )
         return _message(raw, queue)
     finally:
-        _close(conn, channel, queue)
+        _close(conn, channel, consumer, queue)
 
 
 def _temporary_queue(channel: Any) -> str:
@@ -104,7 +105,7 @@ def _temporary_queue(channel: Any) -> str:
     return str(ok.queue)
 
 
-def _listen(channel: Any, queue: str, correlation_id: str, replies: list[Any]) -> None:
+def _listen(channel: Any, queue: str, correlation_id: str, replies: list[Any]) -> kombu.Consumer:
     def keep(raw: Any) -> None:
         # Replies to an earlier request of this queue cannot exist (the queue is new);
         # a stray message without our correlation id is dropped.
@@ -114,6 +115,7 @@ def _listen(channel: Any, queue: str, correlation_id: str, replies: list[Any]) -
     consumer = kombu.Consumer(channel, queues=[kombu.Queue(queue, no_declare=True)],
                               on_message=keep, no_ack=True, auto_declare=False, accept=None)
     consumer.consume()
+    return consumer
 
 
 def _wait(conn: kombu.Connection, replies: list[Any], seconds: float) -> Any:
@@ -137,8 +139,15 @@ def _message(raw: Any, queue: str) -> Message:
         raise MdbError(f"reply {message_id} cannot be read: {exc}") from None
 
 
-def _close(conn: kombu.Connection, channel: Any, queue: str) -> None:
-    """Delete the temporary queue (the broker would with the connection) and close."""
+def _close(conn: kombu.Connection, channel: Any, consumer: kombu.Consumer | None, queue: str) -> None:
+    """Cancel, delete the temporary queue (the broker would with the connection) and close.
+
+    Cancel first: deleting a queue under its own consumer makes the broker
+    cancel it, and py-amqp then fails to close the connection's socket.
+    """
+    if consumer is not None:
+        with suppress(Exception):
+            consumer.cancel()
     if channel is not None and queue:
         with suppress(Exception):
             channel.queue_delete(queue=queue)
