@@ -357,3 +357,62 @@ def test_watch_exits_0_on_ctrl_c_and_refuses_json(backend: Backend) -> None:
     assert "no running containers" in out
     result = mdb("ports", "--watch", "--json", settings=settings, env=backend.env)
     assert result.returncode == 2 and "--watch" in result.stderr
+
+
+# -- the probes' rules, on the objects they read ----------------------------------------------------
+
+
+def _consumer(index: int = 0, *, alive: bool = True, consuming: bool = True, idle_for: float = 0.0,
+              delivering: bool = False) -> Any:
+    import threading
+    from types import SimpleNamespace
+
+    thread = threading.Thread(target=lambda: None)
+    if not alive:
+        thread.start()
+        thread.join()
+    else:
+        thread = threading.current_thread()
+    now = time.monotonic()
+    return SimpleNamespace(index=index, thread=thread, consuming=consuming, alive_at=now - idle_for,
+                           delivering_since=now - idle_for if delivering else None)
+
+
+def _container(consumers: list[Any], *, state: str = "started", reason: str = "",
+               stopping: bool = False, autostart: bool = True, outages: dict[str, Any] | None = None) -> Any:
+    from types import SimpleNamespace
+
+    port = SimpleNamespace(consumers=consumers, stopping=stopping, state=state, reason=reason,
+                           settings=SimpleNamespace(autostart=autostart))
+    resources = SimpleNamespace(shutting_down=False, outage_report=lambda: outages or {})
+    return SimpleNamespace(ports={"Work": port}, threads=[], resources=resources)
+
+
+def test_liveness_fails_only_for_a_dead_or_wedged_consumer() -> None:
+    from mdbcontainer.http import WEDGED_AFTER, liveness
+
+    assert liveness(_container([_consumer()])) == []
+    assert liveness(_container([_consumer(idle_for=WEDGED_AFTER + 5, delivering=True)])) == [], \
+        "a long delivery is not wedged"
+    assert liveness(_container([_consumer(idle_for=WEDGED_AFTER + 5, consuming=False)])) == [], \
+        "reconnecting during an outage is not wedged"
+    assert liveness(_container([_consumer(idle_for=WEDGED_AFTER + 5, consuming=False)],
+                               outages={"broker": (70.0, "ConnectionRefusedError")})) == []
+    wedged = liveness(_container([_consumer(1, idle_for=WEDGED_AFTER + 5)]))
+    assert len(wedged) == 1 and wedged[0].startswith("port Work consumer 1: wedged: no drain loop for")
+    assert liveness(_container([_consumer(alive=False)])) == [
+        "port Work consumer 0: thread died while the port should run"]
+    assert liveness(_container([_consumer(alive=False)], stopping=True)) == [], "a stopped port's threads end"
+
+
+def test_readiness_counts_ports_stopped_as_configured_as_ready() -> None:
+    from mdbcontainer.http import STOPPED_BY_OPERATOR, readiness
+
+    assert readiness(_container([], state="stopped", reason=STOPPED_BY_OPERATOR)) == []
+    assert readiness(_container([], state="stopped", autostart=False)) == []
+    assert readiness(_container([_consumer()], state="stopped", reason="starting")) == [
+        "port Work stopped: starting"]
+    assert readiness(_container([], state="stopped", reason="maximum retries (0) exceeded",
+                                stopping=True)) == ["port Work stopped: maximum retries (0) exceeded"]
+    assert readiness(_container([_consumer()], outages={"database": (12.4, "OperationalError: gone")})) == [
+        "database unavailable for 12s: OperationalError: gone"]
