@@ -95,13 +95,17 @@ class Metrics:
 
     def end_to_end(self, port: str, timestamp: Any) -> None:
         """Observe now minus the message's AMQP timestamp; a message without one is skipped."""
-        stamp = from_epoch(timestamp)
-        if stamp is None:
-            return
+        if isinstance(timestamp, int | float) and not isinstance(timestamp, bool):
+            sent = float(timestamp)  # py-amqp's epoch seconds: no datetime on the hot path
+        else:
+            stamp = from_epoch(timestamp)
+            if stamp is None:
+                return
+            sent = stamp.timestamp()
         latency = self._latencies.get(port)
         if latency is None:
             latency = self._latencies[port] = self.latency_seconds.labels(port=port)
-        latency.observe(max(0.0, time.time() - stamp.timestamp()))  # a producer's clock may run ahead
+        latency.observe(max(0.0, time.time() - sent))  # a producer's clock may run ahead
 
     def port_state(self, port: str, started: bool) -> None:
         """Kept for ports not bound with :meth:`bind_port` (a bound port's gauge reads the port)."""
