@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +54,30 @@ def test_higher_priorities_are_delivered_first_when_messages_wait_together(backe
     assert handled == [("b", 9), ("f", 9), ("e", 7), ("c", 4), ("g", 4), ("a", 1), ("d", 0)]
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def expired_metric(port: int) -> float | None:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        labels, _, value = line.partition("} ")
+        if labels.startswith("mdb_deliveries_total{") and 'outcome="expired"' in labels \
+                and 'port="Jms"' in labels:
+            return float(value)
+    return None
+
+
 def test_expired_messages_never_reach_the_handler_and_go_to_the_expiry_queue(backend: Backend) -> None:
     queue, expired = backend.q("TTL"), backend.q("EXPIRED")
-    settings = jms_settings(backend, queue, queues={queue: {"expiry_queue": expired}})
+    metrics = free_port()
+    settings = backend.write(
+        ports={"Jms": {"destination": queue, "transaction": "none"}},
+        queues={queue: {"expiry_queue": expired}}, listeners=["tests.apps.jms"],
+        metrics_port=metrics, metrics_host="127.0.0.1",
+    )
     with backend.producer(settings) as producer:
         # Expired by the broker while it waits (no container runs).
         producer.send(queue, {"n": "ttl"}, ttl="1s", message_id="ttl")
@@ -70,6 +93,7 @@ def test_expired_messages_never_reach_the_handler_and_go_to_the_expiry_queue(bac
         wait_for(lambda: (container.port_state("Jms") or {}).get("expired") == 1,
                  what="the stale message counted as expired at receipt")
         row = container.port_state("Jms") or {}
+        assert expired_metric(metrics) == 1.0
     assert [r["n"] for r in records(backend.log)] == ["fresh"]
     assert (row["delivered"], row["handled"]) == (1, 1)
     kept = {m.properties["message_id"]: m for m in backend.probe(settings).take_all(expired)}

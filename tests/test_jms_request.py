@@ -39,6 +39,22 @@ def test_a_request_gets_its_reply_through_a_temporary_queue(backend: Backend, tr
     request = records(backend.log)[0]
     assert request["correlation_id"] == "corr-7"
     assert request["reply_to"] and request["reply_to"] != queue
+    assert not queue_exists(backend, settings, request["reply_to"]), "the temporary queue is gone"
+
+
+def queue_exists(backend: Backend, settings: Path, name: str) -> bool:
+    from amqp.exceptions import NotFound
+
+    from mdbcontainer.broker import Broker
+
+    conn = Broker(backend.settings(settings)).connect()
+    try:
+        conn.channel().queue_declare(queue=name, passive=True)
+        return True
+    except NotFound:
+        return False
+    finally:
+        conn.close()
 
 
 def test_mdb_request_prints_the_reply_and_a_timeout_exits_1(backend: Backend) -> None:
