@@ -135,21 +135,21 @@ class ClientAcknowledger(Acknowledger):
     def begin(self, raw: Any, message_id: str) -> ClientAck:
         self._current = (raw, message_id)
         self._recovering = False
-        return self._client_call
 
-    def _client_call(self, what: str) -> None:
-        if what == "ack":
-            self._acknowledge()
-        elif what == "recover":
-            self._recover()
+        def client_call(what: str) -> None:  # bound to this delivery, wherever it is called
+            if what == "ack":
+                self._acknowledge(raw)
+            elif what == "recover":
+                self._recover()
 
-    def _acknowledge(self) -> None:
+        return client_call
+
+    def _acknowledge(self, raw: Any) -> None:
         """basic.ack with multiple: this message and every earlier one of this channel."""
-        assert self._current is not None
-        raw, _ = self._current
         if not raw.acknowledged:
             raw.ack(multiple=True)
-        self._held = []
+        held = [item[0] for item in self._held]
+        self._held = self._held[held.index(raw) + 1:] if raw in held else []
         self._recovering = False
 
     def _recover(self) -> None:
