@@ -113,6 +113,15 @@ class Unit:
     def _claim_last(self) -> bool:
         return self.once_only and not self._claim_first
 
+    def _already_applied(self) -> bool:
+        """Claim-last stores: a duplicate whose row committed earlier never reaches the handler.
+
+        A short read outside the transaction; only two copies in flight at once
+        can both run the handler there (the second's work is rolled back).
+        """
+        dedup = self.resources.dedup
+        return self._claim_last and dedup is not None and dedup.seen(self.port, self.message_id)
+
     def send(self, message: Outgoing, reply: bool = False) -> None:
         self._sends.append(message)
 
@@ -154,6 +163,8 @@ class ContainerManaged(Unit):
     def run(self, call: Callable[[], None]) -> Outcome:
         store, outbox = self.resources.store, self.resources.outbox
         assert store is not None and outbox is not None
+        if self._already_applied():
+            return Outcome("duplicate")
         session = self.session = store.session()
         try:
             with session.begin():
@@ -207,6 +218,8 @@ class BeanManaged(Unit):
         if self._opened:
             raise TransactionError(f"port {self.port!r}: ctx.transaction() is once per delivery")
         self._opened = True
+        if self._already_applied():
+            raise DuplicateMessage(self.message_id)
         session = self.session = store.session()
         try:
             with session.begin():
