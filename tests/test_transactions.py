@@ -1,0 +1,230 @@
+"""Units of work as a user sees them: CMT, BMT and NotSupported, dedup, sends, table names.
+
+Each test runs ``mdb run`` on the embedded broker + SQLite and on RabbitMQ +
+PostgreSQL, and checks what a user would notice: committed rows, what reached
+a queue, what the container logged and what landed in the backout queue.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, inspect, select, text
+
+from mdbcontainer.broker import Broker
+from mdbcontainer.store import Tables
+from mdbcontainer.testing import wait_for
+from tests.conftest import Backend
+
+pytestmark = pytest.mark.slow
+
+# The database's own text for a unique-key violation, as the driver reports it.
+DUPLICATE_KEY = {
+    "rabbitmq": "duplicate key value violates unique constraint",
+    "embedded": "UNIQUE constraint failed",
+}
+
+
+def send_all(backend: Backend, settings: Path, queue: str, bodies: list[tuple[str, dict]]) -> None:
+    with backend.producer(settings) as producer:
+        for message_id, body in bodies:
+            producer.send(queue, body, message_id=message_id)
+
+
+def headers_of(message: Any) -> dict[str, Any]:
+    return dict(message.headers or message.properties.get("application_headers") or {})
+
+
+def counts_of(backend: Backend, message_id: str) -> list[int]:
+    """The redelivery count the handler saw on each attempt at ``message_id``."""
+    return [a[3] for a in backend.attempts() if a[1] == message_id]
+
+
+def outbox_backlog(backend: Backend) -> int:
+    table = Tables.build(schema=backend.schema).outbox
+    with backend.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(table)).scalar() or 0)
+
+
+def dead_letters(backend: Backend, settings: Path) -> dict[str, Any]:
+    return {str(m.properties.get("message_id")): m
+            for m in backend.probe(settings).take_all(backend.q("DLQ"))}
+
+
+def test_a_commit_rejected_by_a_constraint_is_a_failed_delivery_with_the_database_text(
+    backend: Backend,
+) -> None:
+    statement, deferred = backend.q("STATEMENT"), backend.q("DEFERRED")
+    settings = backend.write(
+        ports={"Work": {"destination": statement, "max_retries": 3, "prefetch": 1},
+               "Deferred": {"destination": deferred, "max_retries": 3, "prefetch": 1}},
+        queues={statement: {"backout_threshold": 3}, deferred: {"backout_threshold": 3}},
+        listeners=["tests.apps.work", "tests.apps.deferred"],
+    )
+    # Work inserts the key in the handler; Deferred adds an ORM object whose INSERT
+    # is flushed only by the container's commit, after the handler returned.
+    send_all(backend, settings, statement, [("w-1", {"n": 1, "action": "constraint"}),
+                                            ("w-2", {"n": 2, "action": "constraint"})])
+    send_all(backend, settings, deferred, [("d-1", {"key": "k"}), ("d-2", {"key": "k"})])
+    with backend.container(settings) as container:
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 2, what="two backouts")
+        assert container.port_state("Work")["state"] == "started"
+        assert container.port_state("Deferred")["state"] == "started"
+        log = container.output()
+    expected = DUPLICATE_KEY[backend.kind]
+    for message_id in ("w-2", "d-2"):
+        failures = [line for line in log.splitlines() if f"delivery failed: message {message_id}," in line]
+        assert len(failures) == 3 and all(expected in line for line in failures), log[-3000:]
+    assert counts_of(backend, "w-2") == [0, 1, 2], "redelivered until the threshold"
+    assert counts_of(backend, "d-2") == [0, 1, 2]
+    assert backend.effects() == {"w-1": 1}, "the failed commits left nothing"
+    dead = dead_letters(backend, settings)
+    assert sorted(dead) == ["d-2", "w-2"]
+    for message in dead.values():
+        assert headers_of(message)["x-mdb-redelivery-count"] == 3
+        assert expected in headers_of(message)["x-mdb-exception"]
+        assert "IntegrityError" in headers_of(message)["x-mdb-exception"]
+
+
+def test_set_rollback_only_discards_the_work_and_the_sends_and_redelivers(backend: Backend) -> None:
+    queue, out = backend.q("IN"), backend.q("OUT")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 2}},
+                             queues={queue: {"backout_threshold": 2}, out: {}})
+    send_all(backend, settings, queue, [
+        ("undone", {"n": 1, "action": "send", "to": out, "then": "rollback"}),
+        ("done", {"n": 2, "action": "send", "to": out}),
+    ])
+    with backend.container(settings):
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
+        wait_for(lambda: backend.probe(settings).count(out) == 1, what="the committed send")
+    assert counts_of(backend, "undone") == [0, 1]
+    assert backend.effects() == {"done": 1}
+    assert [m.properties["message_id"] for m in backend.probe(settings).take_all(out)] == ["done.out"]
+    assert outbox_backlog(backend) == 0, "the rolled-back send left no outbox row"
+    undone = dead_letters(backend, settings)["undone"]
+    assert "set_rollback_only" in headers_of(undone)["x-mdb-exception"]
+
+
+def test_an_exception_rolls_back_the_bean_managed_transaction(backend: Backend) -> None:
+    queue, out = backend.q("IN"), backend.q("OUT")
+    settings = backend.write(ports={"Bean": {"destination": queue, "max_retries": 2}},
+                             queues={queue: {"backout_threshold": 2}, out: {}})
+    send_all(backend, settings, queue, [
+        ("undone", {"n": 1, "action": "send", "to": out, "then": "fail"}),
+        ("done", {"n": 2, "action": "send", "to": out}),
+    ])
+    with backend.container(settings):
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
+        wait_for(lambda: backend.probe(settings).count(out) == 1, what="the committed send")
+    # The handler ran again on the redelivery: its dedup mark was rolled back too.
+    assert counts_of(backend, "undone") == [0, 1]
+    assert backend.effects("Bean") == {"done": 1}
+    assert [m.properties["message_id"] for m in backend.probe(settings).take_all(out)] == ["done.out"]
+    assert outbox_backlog(backend) == 0
+    undone = dead_letters(backend, settings)["undone"]
+    assert "RuntimeError: failed after its work 1" in headers_of(undone)["x-mdb-exception"]
+
+
+def test_not_supported_runs_without_a_session_and_sends_at_once(backend: Backend) -> None:
+    plain, needs_session, out = backend.q("PLAIN"), backend.q("SESSION"), backend.q("OUT")
+    settings = backend.write(
+        ports={"Work": {"destination": plain, "transaction_attribute": "NotSupported"},
+               "Downstream": {"destination": needs_session, "max_retries": 1,
+                              "transaction_attribute": "NotSupported"}},
+        queues={needs_session: {"backout_threshold": 1}, out: {}},
+    )
+    # Work's handler does without a session; Downstream's asks ctx.session for one.
+    send_all(backend, settings, plain, [("plain", {"n": 1, "action": "send", "to": out})])
+    send_all(backend, settings, needs_session, [("session", {"n": 2})])
+    with backend.container(settings):
+        wait_for(lambda: backend.probe(settings).count(out) == 1, what="the send")
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
+    assert counts_of(backend, "plain") == [0], "handled once, not redelivered"
+    assert backend.effects() == {}, "no transaction, no row"
+    assert [m.properties["message_id"] for m in backend.probe(settings).take_all(out)] == ["plain.out"]
+    failed = dead_letters(backend, settings)["session"]
+    assert "TransactionError: port 'Downstream': ctx.session exists only with" in (
+        headers_of(failed)["x-mdb-exception"])
+
+
+@pytest.mark.parametrize("port", ["Work", "Bean"])
+def test_two_consumers_given_the_same_message_id_at_once_apply_it_once(backend: Backend,
+                                                                       port: str) -> None:
+    queue = backend.q("IN")
+    settings = backend.write(ports={port: {"destination": queue, "concurrency": 4, "prefetch": 1}})
+    ids = [f"twin-{i}" for i in range(10)]
+    with backend.container(settings) as container:
+        # Consumers are idle when the twins arrive, so the two copies of an id go to
+        # two consumers at once; the second waits on the first's dedup row.
+        send_all(backend, settings, queue, [(i, {"n": n, "action": "sleep", "seconds": 0.2})
+                                            for n, i in enumerate(ids) for _ in range(2)])
+        wait_for(lambda: set(backend.effects(port)) == set(ids), what="every id applied")
+        wait_for(lambda: (container.port_state(port) or {}).get("duplicate_skipped") == len(ids),
+                 what="the second copies skipped")
+        assert backend.probe(settings).count(queue) == 0
+    assert set(backend.effects(port).values()) == {1}
+    if backend.kind == "rabbitmq":
+        # PostgreSQL: the dedup row is claimed first, so the second copy waits on it
+        # and never reaches the handler. SQLite claims last (its one write lock would
+        # otherwise serialize whole handlers): both copies may run, one commits.
+        handled = sorted(a[1] for a in backend.attempts(port))
+        assert handled == sorted(ids), "the handler ran once per id"
+
+
+def publish_without_id(backend: Backend, settings: Path, queue: str, body: dict[str, Any]) -> None:
+    """Publish as a producer outside this package might: no AMQP message_id."""
+    conn = Broker(backend.settings(settings)).connect()
+    try:
+        conn.Producer().publish(body, exchange="", routing_key=queue, serializer="json",
+                                delivery_mode=2)
+    finally:
+        conn.close()
+
+
+def test_a_message_without_id_is_backed_out_or_identified_by_its_body(backend: Backend) -> None:
+    strict, hashed = backend.q("STRICT"), backend.q("HASHED")
+    settings = backend.write(ports={"Work": {"destination": strict},
+                                    "Downstream": {"destination": hashed, "missing_id": "body-hash"}})
+    with backend.container(settings):
+        publish_without_id(backend, settings, strict, {"n": 1})
+        for _ in range(2):
+            publish_without_id(backend, settings, hashed, {"n": 2})
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
+        wait_for(lambda: backend.effects("Downstream"), what="the hashed message applied")
+        wait_for(lambda: backend.probe(settings).count(hashed) == 0, what="the copy skipped")
+    [dead] = backend.probe(settings).take_all(backend.q("DLQ"))
+    assert not dead.properties.get("message_id")
+    assert headers_of(dead)["x-mdb-backout-reason"] == "missing-message-id"
+    assert headers_of(dead)["x-mdb-port"] == "Work"
+    assert backend.attempts("Work") == [], "the handler never saw it"
+    [(message_id, applied)] = backend.effects("Downstream").items()
+    assert message_id.startswith("sha256:") and applied == 1
+    assert len(backend.attempts("Downstream")) == 1
+
+
+def test_the_container_tables_honour_table_prefix_and_db_schema(backend: Backend) -> None:
+    queue, down = backend.q("IN"), backend.q("DOWN")
+    own_schema = f"{backend.schema}_mdb" if backend.schema else None
+    extra = {"db_schema": own_schema} if own_schema else {}
+    settings = backend.write(ports={"Work": {"destination": queue}, "Downstream": {"destination": down}},
+                             table_prefix="acme_", **extra)
+    send_all(backend, settings, queue, [("p-1", {"n": 1, "action": "send", "to": down})])
+    try:
+        with backend.container(settings):
+            wait_for(lambda: backend.effects("Downstream"), what="the send consumed")
+        tables = set(inspect(backend.engine).get_table_names(schema=own_schema))
+        assert {"acme_dedup", "acme_delivery", "acme_outbox", "acme_port", "acme_container"} <= tables
+        assert not [t for t in tables if t.startswith("mdb_")]
+        if own_schema:
+            business = set(inspect(backend.engine).get_table_names(schema=backend.schema))
+            assert business == {"effects", "unique_keys"}, "nothing of the container's here"
+        dedup = Tables.build("acme_", own_schema).dedup
+        with backend.engine.connect() as conn:
+            rows = {(r.port, r.message_id) for r in conn.execute(select(dedup))}
+        assert rows == {("Work", "p-1"), ("Downstream", "p-1.out")}
+    finally:
+        if own_schema:
+            with backend.engine.begin() as conn:
+                conn.execute(text(f'DROP SCHEMA IF EXISTS "{own_schema}" CASCADE'))
