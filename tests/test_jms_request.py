@@ -112,3 +112,14 @@ def test_a_request_from_a_handler_without_a_unit_of_work_is_sent(backend: Backen
         wait_for(lambda: records(backend.log), timeout=30, what="the handler's attempt")
     assert records(backend.log)[0]["error"].startswith(f"RequestTimeout: no reply from '{other}'")
     assert backend.probe(settings).count(other) == 1, "the request itself was sent"
+
+
+def test_a_request_inside_a_transacted_acknowledgment_is_refused(rabbit: Backend) -> None:
+    queue = rabbit.q("TXACK")
+    settings = jms_settings(rabbit, queue, transaction="none", acknowledge="transacted")
+    with rabbit.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "action": "request", "to": rabbit.q("OTHER"),
+                              "settings": str(settings)})
+    with rabbit.container(settings):
+        wait_for(lambda: records(rabbit.log), what="the handler's attempt")
+    assert "refused inside a unit of work (acknowledge = 'transacted')" in records(rabbit.log)[0]["error"]
