@@ -26,6 +26,7 @@ from rich.text import Text
 
 from .broker import Broker, connection_errors, describe
 from .control import Control
+from .errors import MdbError
 from .settings import Settings
 from .store import Store
 
@@ -141,7 +142,8 @@ class Sampler:
             sample.depths = self.depths.measure(queues)
         except Exception as exc:
             self.depths.close()
-            sample.problems.append(f"broker {self.depths.broker.masked_url}: {describe(exc)}")
+            sample.problems.append(str(exc) if isinstance(exc, MdbError)
+                                   else f"broker {self.depths.broker.masked_url}: {describe(exc)}")
         sample.taken_at, sample.wall = time.monotonic(), datetime.now(UTC)
         return sample
 
@@ -216,6 +218,7 @@ def watch(settings: Settings, iterations: int | None = None, interval: float = R
         sampler.taken.wait(interval * 3)
         with Live(console=console, auto_refresh=False) as live:
             _redraw(live, sampler, iterations, interval)
+        console.line()
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a person leaves: exit 0
     finally:
