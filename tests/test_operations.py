@@ -7,6 +7,7 @@ reason, a log stack parses JSON lines, a person runs the CLI.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import logging
@@ -18,6 +19,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -205,15 +208,17 @@ def test_readyz_fails_while_rabbitmq_is_stopped_and_recovers(rabbit: Backend) ->
                             metrics_port=port)
     with rabbit.container(settings) as container:
         wait_for(lambda: probe(port, "/readyz")[0] == 200, what="ready")
-        try:
-            rabbitmqctl("stop_app")
-            wait_for(lambda: probe(port, "/readyz")[0] == 503, timeout=30, what="not ready")
-            _, body = probe(port, "/readyz")
-            assert any(r.startswith("broker unavailable for") for r in body["reasons"]), body
-            assert probe(port, "/healthz")[0] == 200, "an outage is not a reason to restart"
-        finally:
-            rabbitmqctl("start_app")
-            wait_for(lambda: amqp_accepts(), timeout=120, interval=1, what="RabbitMQ back")
+        with disruptive_lock():
+            try:
+                rabbitmqctl("stop_app")
+                wait_for(lambda: probe(port, "/readyz")[0] == 503, timeout=30, what="not ready")
+                _, body = probe(port, "/readyz")
+                assert any(r.startswith("broker unavailable for") for r in body["reasons"]), body
+                assert probe(port, "/healthz")[0] == 200, "an outage is not a reason to restart"
+            finally:
+                rabbitmqctl("start_app")
+                rabbitmqctl("await_startup")
+                wait_for(lambda: amqp_accepts(), timeout=120, interval=1, what="RabbitMQ back")
         wait_for(lambda: probe(port, "/readyz")[0] == 200, timeout=60, what="ready again")
         with rabbit.producer(settings) as producer:
             producer.send(queue, {"n": 1}, message_id="after")
@@ -222,6 +227,17 @@ def test_readyz_fails_while_rabbitmq_is_stopped_and_recovers(rabbit: Backend) ->
     assert output.count("broker unavailable") == 1, "the outage is logged once"
     assert "broker connection restored after" in output
     assert "guest:guest" not in output
+
+
+@contextmanager
+def disruptive_lock() -> Iterator[None]:
+    """The machine-wide lock every run that stops a service holds (tests/chaos takes it too)."""
+    with open("/tmp/mdb-disruptive.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def rabbitmqctl(command: str) -> None:
