@@ -39,7 +39,9 @@ def show_ports(settings: Settings, as_json: bool) -> None:
             r["container"], r["port"], str(r["destination"]),
             f"[green]{r['state']}[/]" if r["state"] == "started" else f"[red]{r['state']}[/]",
             str(r["consecutive_failures"]), str(r["delivered"]), str(r["failed"]),
-            str(r["backed_out"]), str(r["expired"]), r["since"][:19], r["reason"] or "",
+            # What went to the backout queue: an invalid body is counted apart in --json.
+            str(r["backed_out"] + r.get("invalid_body", 0)), str(r["expired"]), r["since"][:19],
+            r["reason"] or "",
         )
     Console(width=200).print(table)
 
