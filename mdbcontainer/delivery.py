@@ -79,9 +79,12 @@ class Pipeline:
 
     def _attempt(self, raw: Any) -> None:
         """Database outages hold the delivery; broker outages reconnect."""
+        waited = False
         while True:
             try:
                 self._process(raw)
+                if waited:
+                    self.port.outage_over()
                 return
             except connection_errors():
                 raise
@@ -92,6 +95,7 @@ class Pipeline:
                 if not self.port.wait_out_outage(exc):
                     self.consumer.hand_back(raw)
                     return
+                waited = True
 
     def _internal_error(self, raw: Any, exc: Exception) -> None:
         """A fault of the container itself (not the handler): requeue and stop the port, visibly."""
@@ -171,13 +175,16 @@ class Pipeline:
         started = time.perf_counter()
         crash_point("before-handler")
         outcome = self._run(raw, message)
+        waited = False
         while outcome.kind == "infrastructure":
             assert outcome.error is not None
             if not self.port.wait_out_outage(outcome.error):
                 self.consumer.hand_back(raw, message.id)
                 return
+            waited = True
             outcome = self._run(raw, message)
-        self.port.outage_over()
+        if waited:  # only a delivery that waited knows the database is back
+            self.port.outage_over()
         self.port.observe(time.perf_counter() - started)
         if outcome.kind == "failed":
             self._failed(raw, message, outcome)
