@@ -7,6 +7,7 @@ handler's work and its dedup row (and its outbox sends). Names carry
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +29,7 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .settings import ContainerSettings
@@ -153,6 +155,21 @@ class Store:
 
     def create_tables(self) -> None:
         """Create the container's tables where missing (idempotent, safe from several processes)."""
+        if self.dialect != "sqlite":
+            self._create_tables()
+            return
+        # SQLite: a deferred transaction that read the schema cannot take the write lock
+        # while another process creates the tables (SQLITE_BUSY, no wait): try again.
+        for attempt in range(40):
+            try:
+                self._create_tables()
+                return
+            except OperationalError:
+                if attempt == 39:
+                    raise
+                time.sleep(0.05)
+
+    def _create_tables(self) -> None:
         with self.engine.begin() as conn:
             schema = self.tables.metadata.schema
             if schema and self.dialect == "postgresql":
