@@ -13,6 +13,7 @@ import pytest
 
 from mdbcontainer.testing import wait_for
 from tests.apps.jms import run_mdb
+from tests.chaos.faults import disruptive_lock
 from tests.conftest import Backend, reachable
 
 pytestmark = [pytest.mark.disruptive, pytest.mark.slow]
@@ -23,14 +24,16 @@ def rabbitmqctl(*args: str) -> None:
 
 
 def restart_rabbitmq() -> None:
-    """stop_app then start_app; back when the app runs and 5672 accepts connections."""
-    try:
-        rabbitmqctl("stop_app")
-        time.sleep(1)
-    finally:
-        rabbitmqctl("start_app")
-        rabbitmqctl("await_startup")
-        wait_for(lambda: reachable(5672), timeout=60, what="RabbitMQ to accept connections")
+    """stop_app then start_app, holding the machine-wide lock of runs that stop a service;
+    back when the app runs and 5672 accepts connections."""
+    with disruptive_lock():
+        try:
+            rabbitmqctl("stop_app")
+            time.sleep(1)
+        finally:
+            rabbitmqctl("start_app")
+            rabbitmqctl("await_startup")
+            wait_for(lambda: reachable(5672), timeout=60, what="RabbitMQ to accept connections")
 
 
 def test_persistent_messages_survive_a_rabbitmq_restart_and_transient_ones_do_not(
