@@ -355,6 +355,9 @@ class Subscription:
         """Connect, declare and start consuming (raises BrokerUnavailable or a connection error)."""
         self.conn = self.broker.connect_once()
         self.channel = self.conn.channel()
+        # Bodies stay bytes: py-amqp would decode them by content_encoding, and
+        # the pipeline would only encode them again (or fail on a bad encoding).
+        self.channel.auto_decode = False
         self.queue = self._declare(self.channel)
         self.channel.basic_qos(0, self.prefetch, False)
         if self.transacted:
