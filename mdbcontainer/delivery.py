@@ -32,6 +32,7 @@ from .backout import (
 from .broker import connection_errors, describe
 from .context import MessageContext
 from .crash import crash_point
+from .errors import PublishError
 from .handlers import Invoker
 from .logs import fields
 from .message import InvalidBody, Message, body_hash_id, decode_body, from_epoch
@@ -189,7 +190,7 @@ class Pipeline:
         if outcome.kind == "failed":
             self._failed(raw, message, outcome)
         else:
-            self._settle(raw, outcome)
+            self._settle(raw, message, outcome)
 
     def _run(self, raw: Any, message: Message) -> Outcome:
         assert message.id is not None
@@ -205,7 +206,7 @@ class Pipeline:
 
     # -- outcomes ----------------------------------------------------------
 
-    def _settle(self, raw: Any, outcome: Outcome) -> None:
+    def _settle(self, raw: Any, message: Message, outcome: Outcome) -> None:
         publisher = self.consumer.publisher
         if outcome.pending:
             try:
@@ -213,8 +214,12 @@ class Pipeline:
             except Exception as exc:  # the rows are committed: the relay sends them later
                 log.warning("port %s: outbox publish deferred to the relay: %s",
                             self.port.name, describe(exc))
-        for message in outcome.direct:
-            self.consumer.publish(message)
+        try:
+            for send in outcome.direct:
+                self.consumer.publish(send)
+        except PublishError as exc:  # not routed or not confirmed: the delivery is not done
+            self._failed(raw, message, Outcome("failed", exc))
+            return
         self.consumer.acks.settle(raw)  # now, or later: the port's acknowledge mode
         crash_point("after-ack")
         self.port.record("handled" if outcome.kind == "handled" else "duplicate_skipped")

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from .broker import Broker, Publisher
 from .crash import crash_point
+from .errors import PublishError
 from .producer import Outgoing
 from .store import Store, utcnow
 
@@ -91,7 +92,11 @@ class Outbox:
             conn.execute(delete(self.table).where(self.table.c.id.in_([p.id for p in pending])))
 
     def relay(self, publisher: Publisher, *, grace: timedelta = RELAY_GRACE) -> int:
-        """Publish rows left by a crash; return how many were sent."""
+        """Publish rows left by a crash; return how many were sent.
+
+        A row the broker will not take (unroutable, not confirmed) is skipped and
+        retried next time, so one bad row never blocks the rows behind it.
+        """
         cutoff = utcnow() - grace
         query = (
             select(self.table)
@@ -101,15 +106,21 @@ class Outbox:
         )
         if self.store.dialect == "postgresql":
             query = query.with_for_update(skip_locked=True)
+        sent: list[int] = []
         with self.store.engine.begin() as conn:
-            rows = conn.execute(query).all()
-            if not rows:
-                return 0
-            for row in rows:
-                _publish_row(publisher, row._asdict(), json.loads(row.properties))
-            conn.execute(delete(self.table).where(self.table.c.id.in_([r.id for r in rows])))
-        log.info("outbox relay published %d message(s) left by an earlier process", len(rows))
-        return len(rows)
+            for row in conn.execute(query).all():
+                try:
+                    _publish_row(publisher, row._asdict(), json.loads(row.properties))
+                except PublishError as exc:
+                    log.warning("outbox row %d (message %s) not published, retried later: %s",
+                                row.id, json.loads(row.properties).get("message_id"), exc)
+                    continue
+                sent.append(row.id)
+            if sent:
+                conn.execute(delete(self.table).where(self.table.c.id.in_(sent)))
+        if sent:
+            log.info("outbox relay published %d message(s) left by an earlier process", len(sent))
+        return len(sent)
 
     def backlog(self) -> int:
         from sqlalchemy import func

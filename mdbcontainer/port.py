@@ -180,9 +180,12 @@ class ListenerPort:
             over = self.stats.consecutive_failures > self.settings.max_retries
         return "stop" if over else "continue"
 
-    def stop_for_failures(self, message_id: str, error: BaseException, *, internal: bool = False) -> None:
+    def stop_for_failures(self, message_id: str, error: BaseException, *, internal: bool = False,
+                          reason: str | None = None) -> None:
         """Maximum retries exceeded (or the container failed): stop this port fleet-wide."""
-        if internal:
+        if reason is not None:
+            pass
+        elif internal:
             reason = f"container error on message {message_id}: {describe(error)}"
         else:
             reason = (
@@ -267,9 +270,10 @@ class Consumer:
                     self._set_consuming(False)
                     self.acks.release()
                     sub.close()
-        except Exception as exc:
+        except Exception as exc:  # a channel error (a queue deleted, a declare refused...)
             if self._should_run():
                 log.exception("port %s consumer %d ended: %s", self.port.name, self.index, exc)
+                self.port.stop_for_failures("-", exc, reason=f"consumer error: {describe(exc)}")
         finally:
             pipeline.invoker.discard()
             if self._publisher is not None:
