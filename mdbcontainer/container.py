@@ -36,6 +36,10 @@ log = logging.getLogger("mdbcontainer.container")
 
 RELAY_EVERY = 5.0
 PURGE_EVERY = 3600.0
+# Consumers busy in a handler notice a lost connection late, after others have
+# reconnected: a loss this soon after a restore is the same outage (an echo),
+# logged at DEBUG unless it lasts longer than this.
+OUTAGE_ECHO = 2.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ class Resources:
         self.units = UnitResources(store, self.dedup, self.outbox)
         self.shutting_down = False
         self._outages: dict[str, tuple[float, str]] = {}  # kind: (since, what failed)
+        self._restored: dict[str, float] = {}  # kind: when its last outage ended
+        self._echoes: set[str] = set()
         self._lock = threading.Lock()
 
     def dedup_seen(self, port: str, message_id: str) -> bool:
@@ -102,12 +108,26 @@ class Resources:
     def outage(self, kind: str, error: BaseException | None) -> None:
         """Log an outage once, not once per message or per consumer."""
         with self._lock:
-            if kind in self._outages:
-                return
-            self._outages[kind] = (time.monotonic(), describe(error))
+            level = self._outage_level(kind, time.monotonic(), error)
+        if level is None:
+            return
         where = self.broker.masked_url if kind == "broker" else "the database"
-        log.error("%s unavailable (%s): %s; retrying with backoff, counting nothing against messages",
-                  kind, where, describe(error), extra=fields(outage=kind, outcome="outage"))
+        log.log(level, "%s unavailable (%s): %s; retrying with backoff, counting nothing against "
+                "messages", kind, where, describe(error), extra=fields(outage=kind, outcome="outage"))
+
+    def _outage_level(self, kind: str, now: float, error: BaseException | None) -> int | None:
+        """How to log this report of an outage: None when it is already logged."""
+        current = self._outages.get(kind)
+        if current is None:
+            self._outages[kind] = (now, describe(error))
+            if now - self._restored.get(kind, now - OUTAGE_ECHO) < OUTAGE_ECHO:
+                self._echoes.add(kind)
+                return logging.DEBUG
+            return logging.ERROR
+        if kind in self._echoes and now - current[0] >= OUTAGE_ECHO:  # an echo that lasts
+            self._echoes.discard(kind)
+            return logging.ERROR
+        return None
 
     def recovered(self, kind: str) -> None:
         if kind not in self._outages:
@@ -116,9 +136,12 @@ class Resources:
             if kind not in self._outages:
                 return
             since, _ = self._outages.pop(kind)
+            self._restored[kind] = time.monotonic()
+            level = logging.DEBUG if kind in self._echoes else logging.INFO
+            self._echoes.discard(kind)
         duration = time.monotonic() - since
-        log.info("%s connection restored after %.1fs", kind, duration,
-                 extra=fields(outage=kind, outcome="restored", duration=round(duration, 3)))
+        log.log(level, "%s connection restored after %.1fs", kind, duration,
+                extra=fields(outage=kind, outcome="restored", duration=round(duration, 3)))
 
     @property
     def outages(self) -> set[str]:
