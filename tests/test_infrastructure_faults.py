@@ -23,7 +23,20 @@ from mdbcontainer.testing import ContainerProcess, wait_for
 from tests.chaos import faults
 from tests.conftest import Backend
 
-pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres]
+
+def on_services(test: Any) -> Any:
+    """RabbitMQ + PostgreSQL, a few seconds, no other run stopping a service meanwhile."""
+    quiet = pytest.mark.usefixtures("no_service_stops")
+    for mark in (pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres, quiet):
+        test = mark(test)
+    return test
+
+
+@pytest.fixture
+def no_service_stops() -> Iterator[None]:
+    """These tests count outage lines: no other run may stop a service meanwhile (shared lock)."""
+    with faults.disruptive_lock(shared=True):
+        yield
 
 
 @pytest.fixture
@@ -67,6 +80,7 @@ def assert_nothing_counted(rabbit: Backend, settings: Path, container: Container
     assert rabbit.probe(settings).count(rabbit.q("DLQ")) == 0
 
 
+@on_services
 def test_lost_database_connection_mid_delivery_is_waited_out_and_counts_nothing(
     rabbit: Backend, role: faults.DatabaseRole,
 ) -> None:
@@ -92,6 +106,7 @@ def test_lost_database_connection_mid_delivery_is_waited_out_and_counts_nothing(
     assert len([a for a in rabbit.attempts() if a[1] == "slow"]) == 2, "once cut, once after"
 
 
+@on_services
 def test_database_refusing_new_deliveries_holds_them_and_stops_nothing(
     rabbit: Backend, role: faults.DatabaseRole,
 ) -> None:
@@ -111,6 +126,7 @@ def test_database_refusing_new_deliveries_holds_them_and_stops_nothing(
     assert log.count("database connection restored") == 1, log
 
 
+@on_services
 def test_lost_broker_connections_reconnect_and_count_nothing(rabbit: Backend,
                                                             role: faults.DatabaseRole) -> None:
     """The handlers in flight commit; their acknowledgments die with the connection, so the
@@ -134,3 +150,31 @@ def test_lost_broker_connections_reconnect_and_count_nothing(rabbit: Backend,
                  what="the heartbeat to show the redelivery")
         assert rabbit.probe(settings).count(queue) == 0
 
+
+
+def test_an_outage_is_logged_once_though_each_consumer_notices_it_on_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Consumers busy in a handler notice a lost connection after others have reconnected:
+    those late reports are the same outage, unless the connection stays lost."""
+    from mdbcontainer import container as module
+    from mdbcontainer.broker import Broker
+    from mdbcontainer.settings import settings_from_dict
+
+    monkeypatch.setattr(module, "OUTAGE_ECHO", 0.3)
+    settings = settings_from_dict({"container": {"database_url": f"sqlite:///{tmp_path / 'c.db'}"}})
+    resources = module.Resources(settings, Store(settings.container), Broker(settings))
+    caplog.set_level("INFO", logger="mdbcontainer.container")
+    lost = ConnectionResetError("reset by peer")
+    resources.outage("broker", lost)
+    resources.outage("broker", lost)  # a second consumer, same moment
+    resources.recovered("broker")
+    resources.outage("broker", lost)  # a consumer that was busy in its handler
+    resources.recovered("broker")
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "broker unavailable", "broker connection restored after 0.0s"]
+    resources.outage("broker", lost)  # lost again at once, and this time for longer
+    time.sleep(0.35)
+    resources.outage("broker", lost)
+    assert caplog.records[-1].levelname == "ERROR" and "broker unavailable" in caplog.messages[-1]
+    assert "broker" in resources.outages

@@ -79,22 +79,25 @@ def accepts(port: int, host: str = "127.0.0.1") -> bool:
 
 
 @contextmanager
-def disruptive_lock() -> Iterator[None]:
+def disruptive_lock(shared: bool = False) -> Iterator[None]:
     """Hold the machine-wide lock of runs that stop a service (waits for another holder).
 
-    When a parent process already holds it (``flock /tmp/mdb-disruptive.lock
-    make chaos``), taking it again here would wait for ever: then the parent's
-    hold covers this process.
+    ``shared``: no service may stop meanwhile, but other shared holders may run
+    (a run whose checks an outage it did not cause would falsify). When this
+    process or a parent already holds the lock (``flock
+    /tmp/mdb-disruptive.lock make chaos``), taking it again would wait for
+    ever: their hold covers this one.
     """
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     with LOCK.open("a") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
         except BlockingIOError:
             if _held_by_an_ancestor(os.fstat(handle.fileno()).st_ino):
                 yield
                 return
             print(f"waiting for {LOCK} (another run is stopping a service)", flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            fcntl.flock(handle, mode)
         try:
             yield
         finally:

@@ -67,7 +67,6 @@ CONCURRENCY = 4
 PREFETCH = 10
 STALL = 120.0  # no progress for this long fails the run
 QUIET = 4.0  # the end: complete, and nothing changed for this long
-UNAVAILABLE = "database unavailable"
 RESTORED = "database connection restored"
 
 
@@ -166,9 +165,22 @@ class ChaosRun:
     # -- the run ------------------------------------------------------------
 
     def run(self) -> list[str]:
-        """Run the plan; return the failures (empty when every check held). Prints the summary."""
-        self.say(f"chaos: seed {self.plan.seed} ({'full' if self.plan.broker_fault == 'restart' else 'short'}"
-                 f" run; reproduce with --seed {self.plan.seed})")
+        """Run the plan; return the failures (empty when every check held). Prints the summary.
+
+        The whole run holds /tmp/mdb-disruptive.lock: exclusively when it
+        restarts the broker, shared otherwise, so that no other run stops a
+        service meanwhile (its checks count the outages it caused).
+        """
+        full = self.plan.broker_fault == "restart"
+        self.say(f"chaos: seed {self.plan.seed} ({'full' if full else 'short'} run; "
+                 f"reproduce with --seed {self.plan.seed})")
+        with faults.disruptive_lock(shared=not full):
+            self.started = time.monotonic()
+            failures = self._run()
+        self._summary(failures)
+        return failures
+
+    def _run(self) -> list[str]:
         self.role.create()
         self.settings = self._write_settings()
         self.container = ContainerProcess(self.settings, env=self.backend.env, cwd=ROOT)
@@ -179,14 +191,11 @@ class ChaosRun:
             self._inject_faults()
             producer.join(300)
             self._drain()
-            failures = self._verify()
-            failures += self._stop_gracefully()
+            return self._verify() + self._stop_gracefully()
         finally:
             if self.container.alive():
                 self.container.kill()
             self.role.drop()
-        self._summary(failures)
-        return failures
 
     def _write_settings(self) -> Path:
         w = self.workload
@@ -373,11 +382,14 @@ class ChaosRun:
     def _verify_outage_lines(self) -> list[str]:
         """Contract section 4: an outage is logged once, not once per message or consumer."""
         log = self.container.output()
-        lines = (log.count(UNAVAILABLE), log.count(RESTORED))
-        if lines == (self.tally.db_outages, self.tally.db_outages):
-            return []
-        return [f"{lines[0]} '{UNAVAILABLE}' and {lines[1]} '{RESTORED}' lines for "
-                f"{self.tally.db_outages} database outage(s)"]
+        t = self.tally
+        out = []
+        for kind, outages in (("database", t.db_outages), ("broker", t.broker_restarts + t.broker_closes)):
+            lines = (log.count(f"{kind} unavailable ("), log.count(f"{kind} connection restored"))
+            if lines != (outages, outages):
+                out.append(f"{lines[0]} '{kind} unavailable' and {lines[1]} '{kind} connection "
+                           f"restored' lines for {outages} {kind} outage(s)")
+        return out
 
     def _verify_backout(self) -> list[str]:
         self.dead = Counter(str(m.properties.get("message_id"))
@@ -435,8 +447,10 @@ class ChaosRun:
         self.say(f"max redelivery count seen by a good message's handler: "
                  f"{max((a[3] for a in attempts), default=0)} (threshold {BACKOUT_THRESHOLD}); "
                  f"handler attempts {len(self.backend.attempts())}; producer retries {t.republished}; "
-                 f"broker outage lines: {log.count('broker unavailable')} unavailable, "
-                 f"{log.count('broker connection restored')} restored; log {self.container.log_path}")
+                 f"outage lines: database {log.count('database unavailable (')}/"
+                 f"{log.count('database connection restored')}, broker {log.count('broker unavailable (')}/"
+                 f"{log.count('broker connection restored')} (unavailable/restored); "
+                 f"log {self.container.log_path}")
         for failure in failures:
             self.say(f"FAILED: {failure}")
         handled = sum(len(set(self.backend.effects(p)) & w.good(p)) for p in PORTS)
