@@ -45,6 +45,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from mdbcontainer.producer import Producer
 from mdbcontainer.store import Tables
 from mdbcontainer.testing import ContainerProcess, wait_for
 from tests.chaos import faults
@@ -82,17 +83,18 @@ class Plan:
     messages: int
     kills: int
     broker_fault: str  # "close": the container's connections; "restart": stop_app/start_app
+    rate: float  # messages per second from the producer
     duplicate_share: float = 0.02
     poison_share: float = 0.01
     db_outage: float = 5.0
 
     @classmethod
     def short(cls, seed: int) -> Plan:
-        return cls(seed, 1000, 3, "close")
+        return cls(seed, 1000, 3, "close", rate=40.0)
 
     @classmethod
     def full(cls, seed: int) -> Plan:
-        return cls(seed, 5000, 10, "restart")
+        return cls(seed, 5000, 10, "restart", rate=50.0)
 
 
 @dataclass
@@ -211,43 +213,54 @@ class ChaosRun:
                                   connect_timeout="5s")
 
     def _produce(self) -> None:
-        """Send every message, retrying through broker faults (a retry may publish a copy more)."""
-        producer = None
+        """Send every message at the plan's rate, retrying through broker faults.
+
+        The rate keeps messages flowing for the whole fault schedule (the
+        container drains a full queue of 1000 in a few seconds, faster than
+        the faults can come); each fault leaves a backlog the container then
+        works off at full prefetch. A retry may publish a copy more.
+        """
+        begun = time.monotonic()
+        self._producer: Producer | None = None
         try:
-            for message_id in self.workload.order:
-                queue = self.workload.queues[self.workload.port_of[message_id]]
-                deadline = time.monotonic() + STALL
-                while True:
-                    try:
-                        producer = producer or self.backend.producer(self.settings)
-                        producer.send(queue, self.workload.body(message_id), message_id=message_id)
-                        break
-                    except Exception as exc:
-                        if time.monotonic() > deadline:
-                            self._producer_error.append(f"the producer gave up on {message_id}: {exc}")
-                            return
-                        if producer is not None:
-                            producer.close()
-                        producer = None
-                        self.tally.republished += 1
-                        time.sleep(0.5)
+            for index, message_id in enumerate(self.workload.order):
+                time.sleep(max(0.0, begun + index / self.plan.rate - time.monotonic()))
+                if not self._send(message_id):
+                    return
         finally:
-            if producer is not None:
-                producer.close()
+            if self._producer is not None:
+                self._producer.close()
             self._produced.set()
+
+    def _send(self, message_id: str) -> bool:
+        queue = self.workload.queues[self.workload.port_of[message_id]]
+        deadline = time.monotonic() + STALL
+        while True:
+            try:
+                self._producer = self._producer or self.backend.producer(self.settings)
+                self._producer.send(queue, self.workload.body(message_id), message_id=message_id)
+                return True
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    self._producer_error.append(f"the producer gave up on {message_id}: {exc}")
+                    return False
+                if self._producer is not None:
+                    self._producer.close()
+                self._producer = None
+                self.tally.republished += 1
+                time.sleep(0.5)
 
     # -- faults -------------------------------------------------------------
 
     def schedule(self) -> list[tuple[float, str]]:
-        """Each fault at a random point of progress in its own slot of 3%..60% of the rows.
+        """Each fault at a random point of progress in its own slot of 5%..85% of the rows.
 
-        A restart takes a second or two while the other faults wait, so the
-        faults lag behind their points; the slots end early enough that the
-        last fault still finds messages flowing.
+        The producer's rate sets the pace; a restart takes a second or two,
+        and the backlog it leaves is worked off before the next slot.
         """
         events = ["kill"] * self.plan.kills + ["broker", "database"]
         self.rng.shuffle(events)
-        low, high = 0.03, 0.60
+        low, high = 0.05, 0.85
         slot = (high - low) / len(events)
         return [(low + slot * (i + self.rng.uniform(0.2, 0.8)), event) for i, event in enumerate(events)]
 
@@ -255,7 +268,7 @@ class ChaosRun:
         total = self.workload.expected_rows
         for point, event in self.schedule():
             self._wait_for_rows(int(point * total))
-            time.sleep(self.rng.uniform(0.0, 0.3))
+            time.sleep(self.rng.uniform(0.0, 1.5))  # after a restart: from start-up to steady flow
             getattr(self, f"_fault_{event}")()
 
     def _log(self, what: str) -> None:
