@@ -2,7 +2,8 @@
 
 The handlers do the same trivial work as the hand-written consumers they are
 compared with; the only extra is an in-process counter that writes the
-elapsed time from the first message to the N-th to ``$BENCH_STAMP``.
+elapsed time (and the consumer thread's CPU time) from the first message
+to the N-th to ``$BENCH_STAMP``.
 
 Hooks, off unless their variable is set (the timed runs leave them off):
 
@@ -11,13 +12,17 @@ Hooks, off unless their variable is set (the timed runs leave them off):
   (``ReadyForQuery``) and statements per message;
 - ``BENCH_PROFILE=FILE``: cProfile of the consumer thread from the first
   message to the N-th, dumped to FILE (pstats format).
+
+The harness reads the traces with :func:`trace_sizes` and :func:`count_trace`.
 """
 
 from __future__ import annotations
 
+import collections
 import cProfile
 import itertools
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -66,10 +71,10 @@ class Clock:
         self.profile_path = os.environ.get("BENCH_PROFILE", "")
         self.profiler: cProfile.Profile | None = None
         self.count = 0
-        self.first = 0.0
+        self.first = self.first_cpu = 0.0
 
     def start(self) -> None:
-        self.first = time.perf_counter()
+        self.first, self.first_cpu = time.perf_counter(), time.thread_time()
         if self.profile_path:
             self.profiler = cProfile.Profile()
             self.profiler.enable()
@@ -79,11 +84,11 @@ class Clock:
         self.count += 1
         if self.count != self.target or not self.stamp:
             return
-        elapsed = time.perf_counter() - self.first
+        elapsed, cpu = time.perf_counter() - self.first, time.thread_time() - self.first_cpu
         if self.profiler is not None:
             self.profiler.disable()
             self.profiler.dump_stats(self.profile_path)
-        Path(self.stamp).write_text(f"{elapsed!r}\n")
+        Path(self.stamp).write_text(f"{elapsed!r} {cpu!r}\n")
 
 
 clock = Clock()
@@ -109,3 +114,40 @@ def on_once(message: Message, ctx: MessageContext) -> None:
         clock.start()
     ctx.session.execute(effects.insert().values(message_id=message.id, n=work(message.body)))
     clock.tick()
+
+
+# -- reading the traces (in the harness) -----------------------------------------------
+
+def trace_sizes(folder: Path | None, marks: dict[Path, int] | None = None) -> dict[Path, int]:
+    """Sizes of the trace files; with ``marks``, cut every file to what was written since them."""
+    sizes = {p: p.stat().st_size for p in folder.glob("*.trace")} if folder else {}
+    for path, size in sizes.items() if marks is not None else ():
+        data = path.read_bytes()[marks.get(path, 0):size]
+        path.with_suffix(".window").write_bytes(data)
+    return sizes
+
+
+QUOTED = re.compile(r'"([^"]*)"')
+
+
+def count_trace(folder: Path, suffix: str, n: int) -> str:
+    """Round trips (ReadyForQuery) per message, and the statements that ran about once a message."""
+    trips, statements, names = 0, collections.Counter[str](), {}
+    for path in folder.glob(f"*{suffix}"):
+        for line in path.read_text(errors="replace").splitlines():
+            fields, quoted = line.split("\t"), QUOTED.findall(line)
+            kind = (fields[0], fields[2].strip()) if len(fields) > 2 else ("", "")
+            trips += kind == ("B", "ReadyForQuery")
+            if kind == ("F", "Query") and quoted:
+                statements[quoted[0]] += 1
+            elif kind == ("F", "Parse") and len(quoted) > 1:  # the unnamed or a prepared statement
+                names[quoted[0]] = quoted[1]
+            elif kind == ("F", "Bind") and len(quoted) > 1:  # executes the statement it names
+                statements[names.get(quoted[1], "?")] += 1
+    often = [f"{_label(s)} x{c / n:.2g}" for s, c in statements.most_common() if c >= n / 2]
+    return f"{trips / n:.2f} ({', '.join(often) or 'no statement per message'})"
+
+
+def _label(statement: str) -> str:
+    words = re.sub(r'"?bench_[0-9a-f]{8}"?\.', "", statement).split()
+    return " ".join(words[:3]) if words else "<empty>"

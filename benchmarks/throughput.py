@@ -1,39 +1,30 @@
 """Throughput of ``mdb run`` against hand-written kombu consumers, on RabbitMQ and PostgreSQL.
 
-Scenarios (each contestant drains the same N persistent messages from a fresh
-durable queue, one consumer, prefetch 100):
-
-- ``none``: a kombu ``drain_events`` loop that acks each message, against a
-  port with ``transaction = "none"``;
-- ``exactly-once``: a naive exactly-once consumer (kombu + SQLAlchemy/psycopg,
-  one connection; per message one transaction that claims a dedup row with
-  ``INSERT .. ON CONFLICT DO NOTHING RETURNING`` and inserts a business row,
-  then the ack), against a port with ``transaction = "container"``,
-  ``once_only = true`` whose handler inserts the same row through ``ctx.session``.
-
-The container starts with its port stopped (``mdb port stop``), the queue is
-loaded, then ``mdb port start``: start-up and loading are not timed. Each
-contestant is timed from its first message to its N-th. Afterwards a short
-traced pass (``--trace-n``) counts database round trips per message from the
-libpq protocol trace. Run: ``python benchmarks/throughput.py [--n 20000]
-[--scenario none|exactly-once|all] [--trace-n 500] [--profile DIR]``.
+Each contestant drains the same N persistent messages from a fresh durable
+queue (one consumer, prefetch 100), timed from its first message to its N-th:
+``none`` pits a kombu ``drain_events`` loop against a ``transaction = "none"``
+port; ``exactly-once`` pits a naive kombu + SQLAlchemy consumer (per message one
+transaction: dedup claim, business row, commit, then ack) against a
+``transaction = "container"``, ``once_only`` port. The container starts with its
+port stopped; the queue is loaded, then ``mdb port start``, so neither start-up
+nor loading is timed. A short traced pass (``--trace-n``) counts database round
+trips per message from the libpq protocol trace. See benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import pstats
-import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,8 +34,8 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.dialects.postgresql import insert
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-import listeners_bench as lb  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
+sys.path.insert(0, str(HERE.parent))  # the repository, for a checkout without an editable install
+import listeners_bench as lb  # noqa: E402  (the script's own folder is on sys.path)
 
 from mdbcontainer.store import Tables  # noqa: E402
 from mdbcontainer.testing import ContainerProcess, wait_for, write_settings  # noqa: E402
@@ -65,12 +56,26 @@ class Result:
     scenario: str
     contestant: str
     n: int
-    seconds: float
+    seconds: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # the consumer thread's CPU seconds
     round_trips: str = "-"
 
     @property
+    def rates(self) -> list[float]:
+        return [self.n / s for s in self.seconds]
+
+    @property
     def rate(self) -> float:
-        return self.n / self.seconds
+        return statistics.median(self.rates)
+
+    def add(self, timing: tuple[float, float]) -> None:
+        self.seconds.append(timing[0])
+        self.cpu.append(timing[1])
+
+    @property
+    def cpu_us(self) -> float:
+        """Median CPU microseconds per message of the consumer thread (less sensitive to load)."""
+        return statistics.median(c / self.n * 1e6 for c in self.cpu)
 
 
 class Bench:
@@ -83,7 +88,6 @@ class Bench:
         self.schema = f"bench_{self.tag}"
         self.tmp = Path(tempfile.mkdtemp(prefix="mdb-bench-"))
         self.engine = create_engine(POSTGRES_URL)
-        self.broker = kombu.Connection(RABBITMQ_URL, connect_timeout=5)
         self.loads = 0
 
     def fresh_schema(self) -> None:
@@ -97,26 +101,24 @@ class Bench:
     def load(self, n: int) -> None:
         """Publish n persistent JSON messages with fresh ids; return once the queue holds them."""
         self.loads += 1
-        channel = self.broker.channel()
-        channel.queue_declare(queue=self.queue, durable=True, auto_delete=False)
-        producer = kombu.Producer(channel)
-        for i in range(n):
-            producer.publish({"n": i, "kind": "bench"}, exchange="", routing_key=self.queue,
-                             serializer="json", delivery_mode=2,
-                             message_id=f"{self.tag}-{self.loads}-{i}")
-        wait_for(lambda: self.ready(channel) == n, 60, 0.1, f"{n} messages on {self.queue}")
-        channel.close()
-
-    def ready(self, channel: Any) -> int:
-        return int(channel.queue_declare(queue=self.queue, passive=True).message_count)
+        with kombu.Connection(RABBITMQ_URL, connect_timeout=5) as conn:
+            channel = conn.channel()
+            channel.queue_declare(queue=self.queue, durable=True, auto_delete=False)
+            producer = kombu.Producer(channel)
+            for i in range(n):
+                producer.publish({"n": i, "kind": "bench"}, exchange="", routing_key=self.queue,
+                                 serializer="json", delivery_mode=2,
+                                 message_id=f"{self.tag}-{self.loads}-{i}")
+            wait_for(lambda: channel.queue_declare(queue=self.queue, passive=True).message_count == n,
+                     60, 0.1, f"{n} messages on {self.queue}")
 
     def close(self) -> None:
         try:
-            channel = self.broker.channel()
-            for name in (self.queue, f"{self.queue}.DLQ"):
-                channel.queue_delete(queue=name)
+            with kombu.Connection(RABBITMQ_URL, connect_timeout=5) as broker:
+                channel = broker.channel()
+                for name in (self.queue, f"{self.queue}.DLQ"):
+                    channel.queue_delete(queue=name)
         finally:
-            self.broker.release()
             with self.engine.begin() as conn:
                 conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
             self.engine.dispose()
@@ -125,18 +127,21 @@ class Bench:
 
 # -- hand-written consumers -------------------------------------------------------------
 
-def kombu_drain(bench: Bench, n: int, handle: Callable[[Any, Any], None]) -> float:
-    """One connection, prefetch 100, drain_events; seconds from the first message to the n-th."""
-    done, first, last = 0, 0.0, 0.0
+Timing = tuple[float, float]  # wall-clock and consumer-thread CPU seconds, first message to n-th
+
+
+def kombu_drain(bench: Bench, n: int, handle: Callable[[Any, Any], None]) -> Timing:
+    """One connection, prefetch 100, drain_events; timed from the first message to the n-th."""
+    done, first, last = 0, (0.0, 0.0), (0.0, 0.0)
 
     def on_message(body: Any, message: Any) -> None:
         nonlocal done, first, last
         if done == 0:
-            first = time.perf_counter()
+            first = (time.perf_counter(), time.thread_time())
         handle(body, message)
         done += 1
         if done == n:
-            last = time.perf_counter()
+            last = (time.perf_counter(), time.thread_time())
 
     with kombu.Connection(RABBITMQ_URL) as conn:
         queue = kombu.Queue(bench.queue, no_declare=True)
@@ -146,7 +151,7 @@ def kombu_drain(bench: Bench, n: int, handle: Callable[[Any, Any], None]) -> flo
                     conn.drain_events(timeout=30)
                 except TimeoutError:
                     raise BenchError(f"kombu consumer idle for 30s after {done}/{n} messages") from None
-    return last - first
+    return last[0] - first[0], last[1] - first[1]
 
 
 def plain(body: Any, message: Any) -> None:
@@ -172,7 +177,7 @@ def exactly_once(engine: Engine, schema: str) -> tuple[Callable[[Any, Any], None
     return handle, db
 
 
-def hand_written(bench: Bench, scenario: str, n: int, trace: Path | None = None) -> float:
+def hand_written(bench: Bench, scenario: str, n: int, trace: Path | None = None) -> Timing:
     bench.fresh_schema()
     bench.load(n)
     if scenario == "none":
@@ -198,7 +203,7 @@ def mdb(*args: str, env: dict[str, str]) -> None:
 
 
 def container(bench: Bench, scenario: str, n: int, *, trace: Path | None = None,
-              profile: Path | None = None) -> float:
+              profile: Path | None = None) -> Timing:
     """``mdb run`` with its port stopped; load n messages, start the port, wait for the stamp."""
     port = PORTS[scenario][0]
     bench.fresh_schema()
@@ -221,16 +226,16 @@ def container(bench: Bench, scenario: str, n: int, *, trace: Path | None = None,
                             log_path=bench.tmp / f"{port}.log")
     proc.start(wait=False)
     try:
-        wait_for(lambda: _alive(proc) and proc.port_state(port), 60, 0.2, f"mdb run ({port})")
+        wait_for(lambda: _alive(proc) and proc.port_state(port), 60, 0.2, f"mdb run ({port}) to register")
         bench.load(n)
-        marks = _trace_sizes(trace)
+        marks = lb.trace_sizes(trace)
         mdb("port", "start", port, *config, env=cli_env)
         wait_for(lambda: _alive(proc) and stamp.exists(), 120 + n / 20, 0.1,
                  f"the container to handle {n} messages")
-        seconds = float(stamp.read_text())
+        elapsed, cpu = map(float, stamp.read_text().split())
         if trace is not None:
-            _trace_sizes(trace, marks)
-        return seconds
+            lb.trace_sizes(trace, marks)
+        return elapsed, cpu
     finally:
         if proc.alive():
             try:
@@ -241,106 +246,76 @@ def container(bench: Bench, scenario: str, n: int, *, trace: Path | None = None,
 
 def _alive(proc: ContainerProcess) -> bool:
     if not proc.alive():
-        raise BenchError(f"mdb run exited:\n{proc.output()[-2000:]}")
+        last = (proc.output().strip().splitlines() or ["(no output)"])[-1]
+        raise BenchError(f"mdb run exited with {proc.proc and proc.proc.returncode}: {last}")
     return True
-
-
-# -- round trips from the libpq trace ---------------------------------------------------
-
-def _trace_sizes(folder: Path | None, marks: dict[Path, int] | None = None) -> dict[Path, int]:
-    """Sizes of the trace files; with ``marks``, cut every file to what was written since them."""
-    sizes = {p: p.stat().st_size for p in folder.glob("*.trace")} if folder else {}
-    for path, size in sizes.items() if marks is not None else ():
-        data = path.read_bytes()[marks.get(path, 0):size]
-        path.with_suffix(".window").write_bytes(data)
-    return sizes
-
-
-QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
-
-
-def count_trace(folder: Path, suffix: str, n: int) -> str:
-    """Round trips (ReadyForQuery) per message, and the statements that ran about once a message."""
-    trips, statements, names = 0, collections.Counter[str](), {}
-    for path in folder.glob(f"*{suffix}"):
-        for line in path.read_text(errors="replace").splitlines():
-            kind = line.split("\t")[2].strip() if line.count("\t") >= 2 else ""
-            quoted = QUOTED.findall(line)
-            if line.startswith("B") and kind == "ReadyForQuery":
-                trips += 1
-            elif line.startswith("F") and kind == "Query" and quoted:
-                statements[quoted[0]] += 1
-            elif line.startswith("F") and kind == "Parse" and len(quoted) >= 2:
-                names[quoted[0]] = quoted[1]
-            elif line.startswith("F") and kind == "Bind" and len(quoted) >= 2:
-                statements[names.get(quoted[1], "?")] += 1
-    often = [f"{_label(s)} x{c / n:.2g}" for s, c in statements.most_common() if c >= n / 2]
-    return f"{trips / n:.2f} ({', '.join(often) or 'no statement per message'})"
-
-
-def _label(statement: str) -> str:
-    words = re.sub(r'"?bench_[0-9a-f]{8}"?\.', "", statement).split()
-    return " ".join(words[:3]) if words else "<empty>"
 
 
 # -- main ---------------------------------------------------------------------------------
 
-def run_scenario(bench: Bench, scenario: str, trace_n: int, profile: Path | None) -> list[Result]:
+def run_scenario(bench: Bench, scenario: str, args: argparse.Namespace) -> list[Result]:
+    """Alternate the contestants ``--repeat`` times, then the traced pass and the profile."""
     n = bench.n
-    results = [Result(scenario, "hand-written", n, hand_written(bench, scenario, n))]
-    prof = profile / f"{scenario}.prof" if profile else None
-    results.append(Result(scenario, "mdb run", n, container(bench, scenario, n, profile=prof)))
-    if trace_n:
-        for result, run in zip(results, (hand_written, container), strict=True):
-            folder = bench.tmp / f"trace-{scenario}-{result.contestant.replace(' ', '-')}"
-            folder.mkdir()
-            run(bench, scenario, trace_n, trace=folder)
-            suffix = ".window" if run is container else ".trace"
-            result.round_trips = count_trace(folder, suffix, trace_n)
+    hand, box = Result(scenario, "hand-written", n), Result(scenario, "mdb run", n)
+    prof = args.profile / f"{scenario}.prof" if args.profile else None
+    for i in range(args.repeat):
+        hand.add(hand_written(bench, scenario, n))
+        box.add(container(bench, scenario, n, profile=prof if i == 0 else None))
+    for result, run in ((hand, hand_written), (box, container)) if args.trace_n else ():
+        folder = bench.tmp / f"trace-{scenario}-{result.contestant.replace(' ', '-')}"
+        folder.mkdir()
+        run(bench, scenario, args.trace_n, trace=folder)
+        suffix = ".window" if run is container else ".trace"
+        result.round_trips = lb.count_trace(folder, suffix, args.trace_n)
     if prof is not None:
         print(f"\n--- cProfile of the {scenario} consumer thread ({prof}; top 25 by own time) ---")
         pstats.Stats(str(prof)).sort_stats("tottime").print_stats(25)
-    return results
+    return [hand, box]
 
 
 def report(results: list[Result]) -> None:
-    print(f"\n{'scenario':<14}{'contestant':<14}{'msgs/s':>9}{'ratio':>8}  DB round trips/msg")
+    print(f"\n{'scenario':<14}{'contestant':<14}{'msgs/s':>8}{'ratio':>7}  {'target':<12}"
+          f"{'runs (msgs/s)':<24}{'CPU us/msg':>11}  DB round trips/msg")
     base: dict[str, float] = {}
     for r in results:
-        ratio = ""
+        ratio = target = ""
         if r.contestant == "hand-written":
             base[r.scenario] = r.rate
         else:
             value = r.rate / base[r.scenario]
-            mark = "ok" if value >= TARGETS[r.scenario] else "MISSED"
             ratio = f"{value:.2f}"
-            r.round_trips += f"  [target >= {TARGETS[r.scenario]:.2f}: {mark}]"
-        print(f"{r.scenario:<14}{r.contestant:<14}{r.rate:>9,.0f}{ratio:>8}  {r.round_trips}")
+            target = f">={TARGETS[r.scenario]:.2f} " + ("ok" if value >= TARGETS[r.scenario] else "MISS")
+        runs = " ".join(f"{rate:,.0f}" for rate in r.rates)
+        print(f"{r.scenario:<14}{r.contestant:<14}{r.rate:>8,.0f}{ratio:>7}  {target:<12}{runs:<24}"
+              f"{r.cpu_us:>11,.0f}  {r.round_trips}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=20000, help="messages per contestant")
+    parser.add_argument("--n", type=int, default=20000, help="messages per contestant and run")
     parser.add_argument("--scenario", choices=["none", "exactly-once", "all"], default="all")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per contestant (the median counts)")
     parser.add_argument("--trace-n", type=int, default=500, help="messages of the traced pass (0: skip)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="cProfile the container's consumer into DIR (slows it: ratios then mean little)")
+                        help="cProfile the container's first run into DIR (slows it down)")
     args = parser.parse_args()
-    scenarios = ["none", "exactly-once"] if args.scenario == "all" else [args.scenario]
-    print(f"N={args.n}, prefetch {PREFETCH}, one consumer; load averages before: {os.getloadavg()}")
     if args.profile:
         args.profile = args.profile.resolve()
         args.profile.mkdir(parents=True, exist_ok=True)
+    scenarios = ["none", "exactly-once"] if args.scenario == "all" else [args.scenario]
+    print(f"N={args.n}, prefetch {PREFETCH}, one consumer; load averages before: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     bench = Bench(args.n)
     try:
-        results = [r for s in scenarios for r in run_scenario(bench, s, args.trace_n, args.profile)]
-    except (BenchError, AssertionError) as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
+        results = [r for s in scenarios for r in run_scenario(bench, s, args)]
+    except Exception as exc:  # one line; the queue and schema are removed all the same
+        print(f"benchmark failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
         bench.close()
     report(results)
-    print(f"\nload averages after: {os.getloadavg()} (2 cores, shared with other work)")
+    print(f"\nload averages after: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+          f"({os.cpu_count()} cores, shared with whatever else runs)")
     return 0
 
 
