@@ -14,6 +14,7 @@ trips per message from the libpq protocol trace. See benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import pstats
 import shutil
@@ -23,7 +24,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +47,19 @@ POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PREFETCH = 100
 TARGETS = {"none": 0.70, "exactly-once": 0.85}
 PORTS = {"none": ("BenchNone", "none"), "exactly-once": ("BenchOnce", "container")}
+Timing = tuple[float, float]  # wall-clock and consumer-thread CPU seconds, first message to N-th
+
+
+@contextmanager
+def services_kept_up() -> Iterator[None]:
+    """Hold the machine's disruptive lock shared: runs that stop RabbitMQ or PostgreSQL wait for us."""
+    with Path("/tmp/mdb-disruptive.lock").open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("waiting for /tmp/mdb-disruptive.lock (a run is stopping a service)", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_SH)
+        yield
 
 
 class BenchError(Exception):
@@ -56,26 +71,21 @@ class Result:
     scenario: str
     contestant: str
     n: int
-    seconds: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)  # the consumer thread's CPU seconds
+    timings: list[Timing] = field(default_factory=list)
     round_trips: str = "-"
 
     @property
     def rates(self) -> list[float]:
-        return [self.n / s for s in self.seconds]
+        return [self.n / wall for wall, _ in self.timings]
 
     @property
     def rate(self) -> float:
         return statistics.median(self.rates)
 
-    def add(self, timing: tuple[float, float]) -> None:
-        self.seconds.append(timing[0])
-        self.cpu.append(timing[1])
-
     @property
     def cpu_us(self) -> float:
         """Median CPU microseconds per message of the consumer thread (less sensitive to load)."""
-        return statistics.median(c / self.n * 1e6 for c in self.cpu)
+        return statistics.median(cpu / self.n * 1e6 for _, cpu in self.timings)
 
 
 class Bench:
@@ -113,22 +123,26 @@ class Bench:
                      60, 0.1, f"{n} messages on {self.queue}")
 
     def close(self) -> None:
+        """Remove the queues and the schema, waiting a little for a service that restarts."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        queues = [self.queue, f"{self.queue}.DLQ"]
         try:
             with kombu.Connection(RABBITMQ_URL, connect_timeout=5) as broker:
+                broker.ensure_connection(max_retries=10, interval_start=1, interval_max=3)
                 channel = broker.channel()
-                for name in (self.queue, f"{self.queue}.DLQ"):
+                for name in queues:
                     channel.queue_delete(queue=name)
-        finally:
+        except Exception as exc:
+            print(f"warning: queues {', '.join(queues)} left on RabbitMQ: {exc}", file=sys.stderr)
+        try:
             with self.engine.begin() as conn:
                 conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
-            self.engine.dispose()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        except Exception as exc:
+            print(f"warning: schema {self.schema} left in PostgreSQL: {exc}", file=sys.stderr)
+        self.engine.dispose()
 
 
 # -- hand-written consumers -------------------------------------------------------------
-
-Timing = tuple[float, float]  # wall-clock and consumer-thread CPU seconds, first message to n-th
-
 
 def kombu_drain(bench: Bench, n: int, handle: Callable[[Any, Any], None]) -> Timing:
     """One connection, prefetch 100, drain_events; timed from the first message to the n-th."""
@@ -259,8 +273,8 @@ def run_scenario(bench: Bench, scenario: str, args: argparse.Namespace) -> list[
     hand, box = Result(scenario, "hand-written", n), Result(scenario, "mdb run", n)
     prof = args.profile / f"{scenario}.prof" if args.profile else None
     for i in range(args.repeat):
-        hand.add(hand_written(bench, scenario, n))
-        box.add(container(bench, scenario, n, profile=prof if i == 0 else None))
+        hand.timings.append(hand_written(bench, scenario, n))
+        box.timings.append(container(bench, scenario, n, profile=prof if i == 0 else None))
     for result, run in ((hand, hand_written), (box, container)) if args.trace_n else ():
         folder = bench.tmp / f"trace-{scenario}-{result.contestant.replace(' ', '-')}"
         folder.mkdir()
@@ -305,14 +319,15 @@ def main() -> int:
     scenarios = ["none", "exactly-once"] if args.scenario == "all" else [args.scenario]
     print(f"N={args.n}, prefetch {PREFETCH}, one consumer; load averages before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    bench = Bench(args.n)
-    try:
-        results = [r for s in scenarios for r in run_scenario(bench, s, args)]
-    except Exception as exc:  # one line; the queue and schema are removed all the same
-        print(f"benchmark failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        bench.close()
+    with services_kept_up():
+        bench = Bench(args.n)
+        try:
+            results = [r for s in scenarios for r in run_scenario(bench, s, args)]
+        except Exception as exc:  # one line; the queue and schema are removed all the same
+            print(f"benchmark failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            bench.close()
     report(results)
     print(f"\nload averages after: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} cores, shared with whatever else runs)")
