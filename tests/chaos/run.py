@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,11 @@ from tests.conftest import ROOT, Backend, reachable
 
 PORTS = ("Work", "Bean")
 # A SIGKILL counts one failed delivery against every message the killed process
-# held, prefetched ones included (contract section 4); so does a lost broker
-# connection for the prefetched messages not yet handled. Faults come at least
-# a slot of progress apart, so a good message is rarely caught by more than one
-# or two of them: 8 leaves 7 of margin before a good message would be backed
-# out (and reported lost), while a poison message still leaves after 8 tries.
+# held, prefetched ones included (contract section 4). Faults come a slot of
+# progress apart, and what a killed process held comes first to the next one,
+# so a good message is rarely caught by more than one or two kills: 8 leaves 7
+# of margin before a good message would be backed out (and reported lost),
+# while a poison message still leaves after 8 tries.
 BACKOUT_THRESHOLD = 8
 # Poison messages go back to the head of their queue and, after a restart,
 # come first with everything the killed process held, so several of them can
@@ -68,7 +69,6 @@ CONCURRENCY = 4
 PREFETCH = 10
 STALL = 120.0  # no progress for this long fails the run
 QUIET = 4.0  # the end: complete, and nothing changed for this long
-RESTORED = "database connection restored"
 
 
 class ChaosError(AssertionError):
@@ -149,7 +149,7 @@ class Tally:
 class ChaosRun:
     """One run on a RabbitMQ + PostgreSQL backend (tests/conftest.py's Backend)."""
 
-    def __init__(self, backend: Backend, plan: Plan, say: Any = print) -> None:
+    def __init__(self, backend: Backend, plan: Plan, say: Callable[[str], None] = print) -> None:
         self.backend = backend
         self.plan = plan
         self.rng = random.Random(plan.seed)
@@ -178,7 +178,10 @@ class ChaosRun:
                  f"reproduce with --seed {self.plan.seed})")
         with faults.disruptive_lock(shared=not full):
             self.started = time.monotonic()
-            failures = self._run()
+            try:
+                failures = self._run()
+            except ChaosError as exc:
+                failures = [str(exc)]
         self._summary(failures)
         return failures
 
@@ -294,6 +297,8 @@ class ChaosRun:
             closed = faults.close_broker_connections(self.container.pid)
             self.tally.broker_closes += 1
             self._log(f"closed {closed} broker connections")
+        broker_faults = self.tally.broker_restarts + self.tally.broker_closes
+        self._wait_for_line("broker connection restored", broker_faults)
         self._wait_started(120)
         self._log("every port started again")
 
@@ -302,9 +307,13 @@ class ChaosRun:
         cut = self.role.outage(self.plan.db_outage)
         self.tally.db_outages += 1
         self._log(f"PostgreSQL accepts {self.role.name} again ({cut} sessions were cut)")
-        try:  # before the next fault, so that the line belongs to this outage
-            wait_for(lambda: self.container.output().count(RESTORED) >= self.tally.db_outages,
-                     timeout=20, what="the container to log that the database is back")
+        self._wait_for_line("database connection restored", self.tally.db_outages)
+
+    def _wait_for_line(self, line: str, count: int) -> None:
+        """Before the next fault, so that the container's line belongs to this outage."""
+        try:
+            wait_for(lambda: self.container.output().count(line) >= count, timeout=60,
+                     what=f"the container to log {line!r}")
         except AssertionError as exc:
             self.findings.append(str(exc))
 
