@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+from sqlalchemy.exc import SQLAlchemyError
 
 from .errors import ListenerError, MdbError, SettingsError
 from .logs import setup_logging
@@ -57,6 +58,10 @@ def guarded(action: Callable[[], T]) -> T:
         fail(str(exc), 2)
     except MdbError as exc:
         fail(str(exc), 1)
+    except SQLAlchemyError as exc:  # the database is away or refused: one line, not a traceback
+        from .broker import describe
+
+        fail(f"database: {describe(exc)}", 1)
 
 
 def settings_for(config: Path | None) -> Settings:

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tenacity
+
 from .backout import DeliveryCounter
 from .broker import Broker, Capabilities, Publisher, describe
-from .control import Control
+from .control import Control, Wanted
 from .dedup import Dedup
 from .errors import ListenerError
 from .handlers import HandlerSpec, import_listeners
@@ -27,10 +29,11 @@ from .http import OperationsServer
 from .logs import fields
 from .metrics import Metrics
 from .outbox import Outbox, Pending
-from .port import ListenerPort
+from .port import ListenerPort, ReconnectPolicy
 from .settings import PortSettings, Settings, validate_port
 from .store import Store
 from .transactions import Resources as UnitResources
+from .transactions import is_infrastructure
 
 log = logging.getLogger("mdbcontainer.container")
 
@@ -211,9 +214,7 @@ class Container:
         if c.metrics_port:
             self.http = OperationsServer(self, c.metrics_host, c.metrics_port)
             self.http.start()
-        self.store.create_tables()
-        self.resources.control.register()
-        wanted = self.resources.control.wanted()
+        wanted = self._prepare_database()
         for name, port in self.ports.items():
             w = wanted.get(name)
             self._generations[name] = w.generation if w else 0
@@ -254,6 +255,31 @@ class Container:
                         "they stay unacknowledged and will be redelivered")
         return finished
 
+    def _prepare_database(self) -> dict[str, Wanted]:
+        """Create tables, register, read the port switches; a database that is away is waited for."""
+
+        def prepare() -> dict[str, Wanted]:
+            self.store.create_tables()
+            self.resources.control.register()
+            return self.resources.control.wanted()
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("database unavailable at start (attempt %d): %s; retrying in %.1fs",
+                        state.attempt_number, describe(error), state.upcoming_sleep)
+
+        policy = ReconnectPolicy()
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(is_infrastructure), wait=policy.wait(),
+            stop=tenacity.stop_when_event_set(self._stop), sleep=lambda seconds: self._pause(seconds),
+            before_sleep=before_sleep, reraise=True,
+        )
+        wanted: dict[str, Wanted] = retrying(prepare)
+        return wanted
+
+    def _pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
     def run(self) -> int:
         """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early)."""
         signals = {"count": 0}
@@ -268,7 +294,13 @@ class Container:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        self.start()
+        try:
+            self.start()
+        except Exception as exc:
+            if not (is_infrastructure(exc) and self._stop.is_set()):
+                raise
+            log.info("stopped before the database came up")
+            return 0
         while not self._stop.wait(0.5):
             pass
         self.stop()

@@ -35,7 +35,7 @@ from .crash import crash_point
 from .errors import PublishError
 from .handlers import Invoker
 from .logs import fields
-from .message import InvalidBody, Message, body_hash_id, decode_body, from_epoch
+from .message import InvalidBody, Message, accepted, body_hash_id, decode_body, from_epoch
 from .producer import Outgoing
 from .transactions import Outcome, is_infrastructure, unit_class
 
@@ -63,6 +63,7 @@ class Pipeline:
         self.unit_class = unit_class(self.settings.transaction, self.settings.transaction_attribute)
         self.once_only = self.settings.is_once_only
         self.threshold = port.queue_settings.backout_threshold
+        self.accept = accepted(self.settings.accept)
         self.first_implicit = port.resources.capabilities.redelivered_flag
         self._started = time.monotonic()  # of the current delivery, for its log lines
 
@@ -81,6 +82,7 @@ class Pipeline:
     def _attempt(self, raw: Any) -> None:
         """Database outages hold the delivery; broker outages reconnect."""
         waited = False
+        attempt = 0
         while True:
             try:
                 self._process(raw)
@@ -93,7 +95,8 @@ class Pipeline:
                 if not is_infrastructure(exc):
                     self._internal_error(raw, exc)
                     return
-                if not self.port.wait_out_outage(exc):
+                attempt += 1
+                if not self.port.wait_out_outage(exc, attempt):
                     self.consumer.hand_back(raw)
                     return
                 waited = True
@@ -163,7 +166,7 @@ class Pipeline:
 
     def _decode(self, raw: Any, message_id: str, count: int) -> Message | None:
         try:
-            message = envelope(raw, message_id, count, self.settings.accept,
+            message = envelope(raw, message_id, count, self.accept,
                                self.settings.max_message_bytes, self.queue)
             argument = self.invoker.argument(message)
         except InvalidBody as exc:
@@ -177,9 +180,11 @@ class Pipeline:
         crash_point("before-handler")
         outcome = self._run(raw, message)
         waited = False
+        attempt = 0
         while outcome.kind == "infrastructure":
             assert outcome.error is not None
-            if not self.port.wait_out_outage(outcome.error):
+            attempt += 1
+            if not self.port.wait_out_outage(outcome.error, attempt):
                 self.consumer.hand_back(raw, message.id)
                 return
             waited = True
@@ -328,11 +333,12 @@ def _expires_at(raw: Any) -> datetime | None:
         return None
 
 
-def envelope(raw: Any, message_id: str, count: int, accept: list[str], max_bytes: int,
-             destination: str) -> Message:
+def envelope(raw: Any, message_id: str, count: int, accept: list[str] | frozenset[str],
+             max_bytes: int, destination: str) -> Message:
     """Build the handler's Message from a kombu message (decoding the body; may raise InvalidBody)."""
     props = raw.properties
-    body = decode_body(body_bytes(raw), raw.content_type or "", accept, max_bytes)
+    data = body_bytes(raw)
+    body = decode_body(data, raw.content_type or "", accept, max_bytes)
     priority = props.get("priority")
     return Message(
         id=message_id,
@@ -348,7 +354,7 @@ def envelope(raw: Any, message_id: str, count: int, accept: list[str], max_bytes
         timestamp=from_epoch(props.get("timestamp")),
         destination=destination,
         content_type=raw.content_type or "",
-        raw=body_bytes(raw),
+        raw=data,
     )
 
 

@@ -51,6 +51,10 @@ class ReconnectPolicy:
     def wait(self) -> tenacity.wait.wait_base:
         return tenacity.wait_exponential(multiplier=self.initial, max=self.maximum)
 
+    def delay(self, attempt: int) -> float:
+        """The wait before retry ``attempt`` (1, 2, ...), as ``wait()`` computes it for tenacity."""
+        return float(min(self.maximum, self.initial * 2 ** max(0, attempt - 1)))
+
 
 @dataclass
 class PortStats:
@@ -202,10 +206,10 @@ class ListenerPort:
 
     # -- infrastructure outages --------------------------------------------
 
-    def wait_out_outage(self, error: BaseException) -> bool:
-        """Hold a delivery while the database is away; False when the port is stopping."""
+    def wait_out_outage(self, error: BaseException, attempt: int = 1) -> bool:
+        """Hold a delivery while the database is away, with backoff; False when the port is stopping."""
         self.resources.outage("database", error)
-        return not self._stopping.wait(1.0) and not self.resources.shutting_down
+        return not self._stopping.wait(self.policy.delay(attempt)) and not self.resources.shutting_down
 
     def outage_over(self) -> None:
         self.resources.recovered("database")

@@ -119,7 +119,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        kwargs.setdefault("pool_pre_ping", True)
+        # No pre-ping: it is a round trip on every delivery. A connection found
+        # dead is an infrastructure fault the delivery waits out and retries, and
+        # SQLAlchemy then drops every pooled connection of that generation.
         kwargs.setdefault("pool_size", 10)
         kwargs.setdefault("max_overflow", 20)
         return create_engine(url, **kwargs)

@@ -141,3 +141,21 @@ def test_broker_unreachable_at_start_is_retried_with_a_visible_log_line(backend:
         assert "guest:guest" not in container.output()
     finally:
         container.kill()
+
+
+def test_database_unreachable_at_start_is_retried_and_cli_says_so_in_one_line(backend: Backend) -> None:
+    settings = backend.write(ports={"Work": {"destination": backend.q("NODB")}},
+                             database_url="postgresql+psycopg://postgres:pw@127.0.0.1:1/test")
+    container = backend.container(settings).start(wait=False)
+    try:
+        wait_for(lambda: container.output().count("database unavailable at start") >= 2, timeout=15,
+                 what="retries with a log line each")
+        assert container.alive()
+        assert container.terminate() == 0
+    finally:
+        container.kill()
+    result = subprocess.run([sys.executable, "-m", "mdbcontainer", "ports", "-c", str(settings)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.startswith("mdb: error: database: OperationalError")
+    assert len(result.stderr.strip().splitlines()) == 1 and ":pw@" not in result.stderr
