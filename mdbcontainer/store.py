@@ -7,6 +7,7 @@ handler's work and its dedup row (and its outbox sends). Names carry
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -154,6 +155,7 @@ class Store:
         self.tables = Tables.build(settings.table_prefix, settings.db_schema)
         self.sessions = sessionmaker(bind=self.engine, expire_on_commit=False)
         self.dialect = self.engine.dialect.name
+        self._local = threading.local()
 
     def create_tables(self) -> None:
         """Create the container's tables where missing (idempotent, safe from several processes)."""
@@ -182,7 +184,15 @@ class Store:
             self.tables.metadata.create_all(conn)
 
     def session(self) -> Session:
-        return self.sessions()
+        """This thread's Session, reused across deliveries (each unit of work closes it after use).
+
+        Building a Session per delivery costs more than the dedup claim's own
+        statement; a closed Session holds nothing, so a consumer thread keeps one.
+        """
+        session: Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = self.sessions()
+        return session
 
     def dispose(self) -> None:
         self.engine.dispose()
