@@ -324,8 +324,10 @@ def copy_of(raw: Any, queue: str, headers: dict[str, Any], replace: bool = False
 
 def _expires_at(raw: Any) -> datetime | None:
     expiration = raw.properties.get("expiration")
+    if not expiration:  # the common case: no datetime work at all
+        return None
     stamp = from_epoch(raw.properties.get("timestamp"))
-    if not expiration or stamp is None:
+    if stamp is None:
         return None
     try:
         return stamp + timedelta(milliseconds=int(expiration))
