@@ -36,7 +36,7 @@ from .crash import crash_point
 from .errors import SettingsError
 
 if TYPE_CHECKING:
-    from .broker import Subscription
+    from .broker import Capabilities, Subscription
     from .port import Consumer, ListenerPort
 
 log = logging.getLogger("mdbcontainer.acknowledge")
@@ -48,10 +48,15 @@ LAZY_MAX_BATCH = 50
 
 def check_supported(port: ListenerPort) -> None:
     """Refuse at start a mode the transport cannot provide (one line naming the key)."""
-    caps = port.resources.capabilities
-    if port.settings.acknowledge == "transacted" and not caps.channel_transactions:
+    check_mode(port.resources.settings.source, port.name, port.settings.acknowledge,
+               port.resources.capabilities)
+
+
+def check_mode(source: str, port: str, acknowledge: str, caps: Capabilities) -> None:
+    """The same refusal for ``mdb check``, which knows the broker's kind without connecting."""
+    if acknowledge == "transacted" and not caps.channel_transactions:
         raise SettingsError(
-            f"{port.resources.settings.source}: ports.{port.name}.acknowledge: 'transacted' needs "
+            f"{source}: ports.{port}.acknowledge: 'transacted' needs "
             f"AMQP channel transactions, which the {caps.name} broker does not provide: use "
             "RabbitMQ, or transaction = 'bean' with once_only = true"
         )

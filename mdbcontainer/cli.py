@@ -97,8 +97,14 @@ def check(config: ConfigOption = None) -> None:
     from .container import bind
     from .doctor import warnings_for
 
+    from .acknowledge import check_mode
+    from .broker import Broker
+
     settings = settings_for(config)
     bindings = guarded(lambda: bind(settings))
+    caps = Broker(settings).capabilities
+    for b in bindings:
+        guarded(lambda b=b: check_mode(settings.source, b.name, b.settings.acknowledge, caps))
     warnings = warnings_for(settings, bindings)
     for line in warnings:
         typer.echo(f"warning: {line}", err=True)
