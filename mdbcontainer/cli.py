@@ -94,11 +94,10 @@ def run(
 @app.command()
 def check(config: ConfigOption = None) -> None:
     """Validate the settings and import the listeners; warn about risky poison-message settings."""
-    from .container import bind
-    from .doctor import warnings_for
-
     from .acknowledge import check_mode
     from .broker import Broker
+    from .container import bind
+    from .doctor import warnings_for
 
     settings = settings_for(config)
     bindings = guarded(lambda: bind(settings))
