@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -102,8 +103,8 @@ def check(config: ConfigOption = None) -> None:
     settings = settings_for(config)
     bindings = guarded(lambda: bind(settings))
     caps = Broker(settings).capabilities
-    for b in bindings:
-        guarded(lambda b=b: check_mode(settings.source, b.name, b.settings.acknowledge, caps))
+    for binding in bindings:
+        guarded(partial(check_mode, settings.source, binding.name, binding.settings.acknowledge, caps))
     warnings = warnings_for(settings, bindings)
     for line in warnings:
         typer.echo(f"warning: {line}", err=True)

@@ -142,3 +142,14 @@ def test_public_api_is_pinned() -> None:
         "MessageContext", "Producer", "PublishError", "RequestTimeout", "Settings",
         "SettingsError", "TransactionError", "Unroutable", "load_settings", "message_driven",
     ])
+
+
+def test_check_refuses_a_mode_the_embedded_broker_cannot_provide(tmp_path: Path) -> None:
+    path = write_settings(tmp_path / "settings.toml", {
+        "container": {"broker_url": f"embedded://{tmp_path / 'b.db'}", "listeners": ["tests.apps.work"],
+                      "database_url": f"sqlite:///{tmp_path / 'd.db'}"},
+        "ports": {"Work": {"destination": "W", "transaction": "none", "acknowledge": "transacted"}},
+    })
+    result = mdb("check", "-c", str(path))
+    assert result.returncode == 2
+    assert "ports.Work.acknowledge: 'transacted' needs AMQP channel transactions" in one_line_error(result)
