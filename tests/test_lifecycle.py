@@ -54,22 +54,22 @@ def test_second_signal_exits_at_once_and_still_loses_nothing(backend: Backend) -
     assert backend.probe(settings).count(queue) == 1, "the unfinished message is back on its queue"
 
 
-def test_a_message_that_kills_the_container_ends_in_the_backout_queue(rabbit: Backend) -> None:
-    queue = rabbit.q("KILLER")
-    settings = rabbit.write(
+def test_a_message_that_kills_the_container_ends_in_the_backout_queue(backend: Backend) -> None:
+    queue = backend.q("KILLER")
+    settings = backend.write(
         ports={"Work": {"destination": queue, "max_retries": 10, "prefetch": 1, "concurrency": 1}},
         queues={queue: {"backout_threshold": 3}},
     )
-    with rabbit.producer(settings) as producer:
+    with backend.producer(settings) as producer:
         producer.send(queue, {"n": 0}, message_id="before")
         producer.send(queue, {"n": 1, "action": "kill"}, message_id="killer")
         for n in range(2, 12):
             producer.send(queue, {"n": n}, message_id=f"good-{n}")
-    dlq = rabbit.q("DLQ")
+    dlq = backend.q("DLQ")
     crashes = 0
     while True:
-        container = rabbit.container(settings).start(wait=False)
-        wait_for(lambda c=container: not c.alive() or rabbit.probe(settings).count(dlq),
+        container = backend.container(settings).start(wait=False)
+        wait_for(lambda c=container: not c.alive() or backend.probe(settings).count(dlq),
                  timeout=60, what="a crash or the backout")
         if container.alive():
             break
@@ -77,11 +77,11 @@ def test_a_message_that_kills_the_container_ends_in_the_backout_queue(rabbit: Ba
         assert crashes <= 5, "the killer message loops instead of being backed out"
     assert crashes == 3, "three deliveries killed the process, the fourth backed it out"
     with container:
-        wait_for(lambda: len(rabbit.effects()) == 11, what="every good message")
-    assert set(rabbit.effects().values()) == {1}
-    killer = [a for a in rabbit.attempts() if a[1] == "killer"]
+        wait_for(lambda: len(backend.effects()) == 11, what="every good message")
+    assert set(backend.effects().values()) == {1}
+    killer = [a for a in backend.attempts() if a[1] == "killer"]
     assert [a[3] for a in killer] == [0, 1, 2], "each crash counted once"
-    [dead] = rabbit.probe(settings).take_all(rabbit.q("DLQ"))
+    [dead] = backend.probe(settings).take_all(backend.q("DLQ"))
     headers = dict(dead.headers)
     assert headers["x-mdb-redelivery-count"] == 3
     assert "process died" in headers["x-mdb-exception"]
