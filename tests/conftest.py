@@ -166,7 +166,8 @@ class Backend:
 
 
 def _module_of(port: str) -> str:
-    return {"Work": "work", "Bean": "bean", "Downstream": "downstream", "Typed": "typed"}[port]
+    return {"Work": "work", "Bean": "bean", "Downstream": "downstream", "Typed": "typed",
+            "Lifecycle": "lifecycle"}.get(port, port.lower())
 
 
 def _delete_queues(names: set[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +160,20 @@ def test_database_unreachable_at_start_is_retried_and_cli_says_so_in_one_line(ba
     assert result.returncode == 1
     assert result.stderr.startswith("mdb: error: database: OperationalError")
     assert len(result.stderr.strip().splitlines()) == 1 and ":pw@" not in result.stderr
+
+
+def test_a_bean_that_raised_is_discarded_and_replaced(backend: Backend) -> None:
+    queue = backend.q("BEANS")
+    settings = backend.write(ports={"Lifecycle": {"destination": queue, "prefetch": 1}},
+                             queues={queue: {"backout_threshold": 1}})
+    with backend.producer(settings) as producer:
+        for mid, action in (("a", "ok"), ("b", "fail"), ("c", "ok")):
+            producer.send(queue, {"action": action}, message_id=mid)
+    events_file = Path(str(backend.log) + ".lifecycle")
+    with backend.container(settings) as container:
+        wait_for(lambda: events_file.exists() and "message 2 c" in events_file.read_text(),
+                 what="the third message on a new instance")
+        assert container.terminate() == 0
+    events = events_file.read_text().splitlines()
+    assert events == ["setup 1", "message 1 a", "message 1 b", "teardown 1",
+                      "setup 2", "message 2 c", "teardown 2"]
