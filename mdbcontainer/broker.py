@@ -120,11 +120,23 @@ class Broker:
         conn = self.connection()
         try:
             conn.connect()
+        except AccessRefused as exc:
+            with suppress(Exception):
+                conn.close()
+            raise self._login_refused(exc) from None
         except BaseException:
             with suppress(Exception):
                 conn.close()
             raise
         return conn
+
+    def _login_refused(self, exc: BaseException) -> BrokerUnavailable:
+        """A refused login is an outage to wait out (``mdb run``) or exit 1 on (the CLI).
+
+        py-amqp raises it as a channel error, which would otherwise escape as a
+        traceback, or stop a port for the whole fleet as if a message had failed.
+        """
+        return BrokerUnavailable(f"broker {self.masked_url} refused the login: {describe(exc)}")
 
     def connect(self, *, confirms: bool = False, timeout: float | None = None) -> kombu.Connection:
         """Connect once within ``timeout`` (default ``connect_timeout``) or raise BrokerUnavailable."""
@@ -136,6 +148,10 @@ class Broker:
             try:
                 conn.connect()
                 return conn
+            except AccessRefused as exc:  # retrying within the timeout cannot fix a login
+                with suppress(Exception):
+                    conn.close()
+                raise self._login_refused(exc) from None
             except connection_errors() as exc:
                 last = exc
                 with suppress(Exception):

@@ -1,0 +1,64 @@
+"""Findings of a review of the package against CONTRACT.md, each pinned by the behaviour a user sees."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from mdbcontainer.testing import wait_for
+from tests.conftest import RABBITMQ_URL, ROOT, Backend
+
+
+def mdb(*args: str, settings: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+# -- one-line errors, exit codes -------------------------------------------------------
+
+
+@pytest.mark.rabbitmq
+def test_a_refused_login_is_one_line_exit_1_without_the_password(rabbit: Backend) -> None:
+    """Contract 5: a broker that cannot be reached is exit 1 and one line; a wrong password too."""
+    bad = RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw")
+    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}}, broker_url=bad,
+                            connect_timeout="2s")
+    for args in (("send", rabbit.q("Q"), "{}"), ("dlq", "list")):
+        result = mdb(*args, settings=settings, env=rabbit.env)
+        line = one_line_error(result)
+        assert result.returncode == 1, result.stderr
+        assert "s3cret-pw" not in result.stderr + result.stdout
+        assert "ACCESS_REFUSED" in line and "guest:***@" in line
+
+
+@pytest.mark.rabbitmq
+def test_a_refused_login_is_an_outage_mdb_run_retries_not_a_port_failure(rabbit: Backend) -> None:
+    """A wrong password is waited out like an unreachable broker, not a consumer error that stops
+    the port for the whole fleet (and keeps it stopped after the password is fixed)."""
+    queue = rabbit.q("Q")
+    bad = RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw")
+    settings = rabbit.write(ports={"Work": {"destination": queue}}, broker_url=bad)
+    with rabbit.container(settings).start(wait=False) as container:
+        wait_for(lambda: "broker unavailable" in container.output(), what="the outage line")
+        assert "ACCESS_REFUSED" in container.output()
+        assert container.alive()
+    assert "consumer error" not in container.output()
+    assert "s3cret-pw" not in container.output()
+    with rabbit.engine.connect() as conn:
+        rows = conn.execute(text(f'SELECT name, state FROM "{rabbit.schema}".mdb_port')).all()
+    assert rows == [], "no fleet-wide stop was written"
