@@ -253,8 +253,23 @@ class Publisher:
         self._returned.append((exchange, routing_key, exc))
 
     def resolve(self, destination: str) -> tuple[str, str, bool]:
-        """Declare a destination once per publisher and return its route."""
-        route = self.broker.declare_destination(self.channel, destination)
+        """Declare a destination once per publisher and return its route.
+
+        A declare the broker refuses (a queue that exists with other arguments)
+        means the message cannot be published: PublishError, and the channel the
+        broker closed is dropped.
+        """
+        channel = self.channel
+        try:
+            route = self.broker.declare_destination(channel, destination)
+        except connection_errors():
+            self.close()
+            raise
+        except Exception as exc:
+            self.close()
+            raise PublishError(
+                f"publish to {destination!r} refused: cannot declare it: {describe(exc)}"
+            ) from exc
         self._declared.add(destination)
         return route
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kombu
 import pytest
 from sqlalchemy import text
 
@@ -62,3 +63,17 @@ def test_a_refused_login_is_an_outage_mdb_run_retries_not_a_port_failure(rabbit:
     with rabbit.engine.connect() as conn:
         rows = conn.execute(text(f'SELECT name, state FROM "{rabbit.schema}".mdb_port')).all()
     assert rows == [], "no fleet-wide stop was written"
+
+
+@pytest.mark.rabbitmq
+def test_a_queue_declare_the_broker_refuses_is_one_line_exit_1(rabbit: Backend) -> None:
+    """A queue that exists with other arguments (PRECONDITION_FAILED) is a reported failure."""
+    queue = rabbit.q("PRIO")
+    with kombu.Connection(RABBITMQ_URL) as conn:
+        conn.channel().queue_declare(queue=queue, durable=True, auto_delete=False,
+                                     arguments={"x-max-priority": 5})
+    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}})
+    result = mdb("send", queue, "{}", settings=settings, env=rabbit.env)
+    line = one_line_error(result)
+    assert result.returncode == 1
+    assert queue in line and "PRECONDITION_FAILED" in line
