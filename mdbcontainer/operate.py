@@ -11,7 +11,7 @@ from rich.table import Table
 
 from .control import Control
 from .dedup import Dedup
-from .errors import MdbError
+from .errors import ListenerError
 from .settings import Settings, format_duration, parse_duration
 from .store import Store
 
@@ -52,7 +52,10 @@ def switch_port(settings: Settings, name: str, state: str, as_json: bool = False
 
     known = {b.name for b in bind(settings)}
     if name not in known:
-        raise MdbError(f"no port {name!r} in {settings.source} (ports: {', '.join(sorted(known))})")
+        # A bad argument, as ``mdb run --port NAME`` says: exit 2, not a reported failure.
+        raise ListenerError(
+            f"no port {name!r} in {settings.source} (ports: {', '.join(sorted(known))})"
+        )
     reason = "" if state == "started" else STOPPED_BY_OPERATOR
     Control(_store(settings)).set_port(name, state, reason)
     within = format_duration(settings.container.control_interval)

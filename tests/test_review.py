@@ -11,7 +11,7 @@ import kombu
 import pytest
 from sqlalchemy import text
 
-from mdbcontainer.testing import wait_for
+from mdbcontainer.testing import wait_for, write_settings
 from tests.conftest import RABBITMQ_URL, ROOT, Backend
 
 
@@ -77,3 +77,20 @@ def test_a_queue_declare_the_broker_refuses_is_one_line_exit_1(rabbit: Backend) 
     line = one_line_error(result)
     assert result.returncode == 1
     assert queue in line and "PRECONDITION_FAILED" in line
+
+
+def test_an_unknown_port_name_is_bad_usage_exit_2(tmp_path: Path) -> None:
+    """Contract 5: exit 2 for a bad argument, as ``mdb run --port NAME`` already does."""
+    settings = write_settings(tmp_path / "settings.toml", {
+        "container": {
+            "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+            "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "listeners": ["tests.apps.work"],
+        },
+        "ports": {"Work": {"destination": "WORK"}},
+    })
+    for verb in ("start", "stop"):
+        result = mdb("port", verb, "Wrok", settings=settings)
+        line = one_line_error(result)
+        assert result.returncode == 2, result.stderr
+        assert "'Wrok'" in line and "Work" in line
