@@ -66,7 +66,9 @@ class Outbox:
             values = {
                 "created_at": utcnow(), "port": port, "exchange": exchange,
                 "routing_key": routing_key, "mandatory": mandatory, "body": message.body,
-                "declare_queue": message.destination if mandatory else None,
+                # Declared before the publish, a topic's exchange too (a publish to an
+                # exchange nobody declared is refused); a reply never is.
+                "declare_queue": None if message.reply else message.destination,
                 "properties": message.to_json(),
             }
             row_id = session.execute(

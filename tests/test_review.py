@@ -94,3 +94,27 @@ def test_an_unknown_port_name_is_bad_usage_exit_2(tmp_path: Path) -> None:
         line = one_line_error(result)
         assert result.returncode == 2, result.stderr
         assert "'Wrok'" in line and "Work" in line
+
+
+# -- publishing ----------------------------------------------------------------------------
+
+
+def outbox_rows(backend: Backend) -> int:
+    table = f'"{backend.schema}".mdb_outbox' if backend.schema else "mdb_outbox"
+    with backend.engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar() or 0)
+
+
+def test_an_outbox_send_to_a_topic_nobody_subscribes_leaves_and_is_dropped(backend: Backend) -> None:
+    """Contract 4: a publish to a topic is confirmed, not mandatory: with no subscription the
+    message is dropped. The outbox must not keep it because the topic was never declared."""
+    queue, topic = backend.q("Q"), backend.q("events")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}},
+                             topics={topic: {}})
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "send", "to": topic}, message_id="m1")
+        wait_for(lambda: backend.effects() == {"m1": 1}, what="the handler's work")
+        wait_for(lambda: outbox_rows(backend) == 0, timeout=10, what="the outbox row to leave")
+        output = container.output()
+    assert "deferred" not in output and "not published" not in output, output
