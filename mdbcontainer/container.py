@@ -333,12 +333,15 @@ class Container:
             w = wanted.get(name)
             if w is None or w.generation <= self._generations.get(name, 0):
                 continue
-            self._generations[name] = w.generation
             if w.state == "started" and (port.stopping or not port.consumers):
-                port.join(5.0)
+                if not port.join(5.0):
+                    continue  # a consumer still finishes a delivery: start on a later poll
+                self._generations[name] = w.generation
                 log.info("port %s: start requested", name)
                 port.start()
-            elif w.state == "stopped" and not port.stopping:
+                continue
+            self._generations[name] = w.generation
+            if w.state == "stopped" and not port.stopping:
                 port.stop(w.reason or "stopped by mdb port stop")
 
     def port_rows(self) -> list[dict[str, Any]]:

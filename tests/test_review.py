@@ -118,3 +118,31 @@ def test_an_outbox_send_to_a_topic_nobody_subscribes_leaves_and_is_dropped(backe
         wait_for(lambda: outbox_rows(backend) == 0, timeout=10, what="the outbox row to leave")
         output = container.output()
     assert "deferred" not in output and "not published" not in output, output
+
+
+# -- operations ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_port_start_while_a_stopped_port_still_finishes_a_long_delivery(backend: Backend) -> None:
+    """Contract 4: ``mdb port start NAME`` starts a stopped port again. A request made while
+    another consumer still finishes a long delivery (over the control loop's 5 s join) must
+    start the port once that delivery ends, not be forgotten."""
+    queue = backend.q("Q")
+    settings = backend.write(ports={"Work": {"destination": queue, "concurrency": 2,
+                                             "prefetch": 1}},
+                             queues={queue: {"backout_threshold": 1}})
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "sleep", "seconds": 9}, message_id="slow")
+            wait_for(lambda: [a for a in backend.attempts() if a[1] == "slow"], what="slow start")
+            producer.send(queue, {"n": 2, "action": "fail"}, message_id="poison")
+        wait_for(lambda: (container.port_state("Work") or {}).get("state") == "stopped",
+                 what="the port to stop")
+        assert "slow" not in backend.effects(), "the long delivery is still running"
+        assert mdb("port", "start", "Work", settings=settings, env=backend.env).returncode == 0
+        wait_for(lambda: (container.port_state("Work") or {}).get("state") == "started",
+                 timeout=30, what="the port to start after the long delivery")
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1,
+                 what="the poison message backed out after the restart")
+    assert backend.effects() == {"slow": 1}
