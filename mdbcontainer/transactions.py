@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 Kind = Literal["handled", "duplicate", "failed", "infrastructure"]
+_SQLITE_ERROR = 1  # the primary result code of a statement SQLite cannot run
 
 
 class RollbackOnly(Exception):
@@ -58,11 +59,24 @@ def is_infrastructure(exc: BaseException) -> bool:
     """A lost or refused database connection: retried, never counted against the message."""
     if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
         return True
+    if _sqlite_statement_error(exc):
+        return False
     return isinstance(
         exc,
         sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.DisconnectionError
         | sa_exc.TimeoutError,
     )
+
+
+def _sqlite_statement_error(exc: BaseException) -> bool:
+    """SQLite's SQLITE_ERROR: the statement itself is wrong (a missing table, a syntax error).
+
+    SQLite raises it as OperationalError, the class of a locked or unreadable
+    database; waited out as an outage, a handler's bad SQL would loop forever,
+    never counted and never backed out.
+    """
+    code = getattr(getattr(exc, "orig", None), "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF == _SQLITE_ERROR
 
 
 @dataclass

@@ -146,3 +146,25 @@ def test_port_start_while_a_stopped_port_still_finishes_a_long_delivery(backend:
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1,
                  what="the poison message backed out after the restart")
     assert backend.effects() == {"slow": 1}
+
+
+# -- what counts as a failed delivery -------------------------------------------------------
+
+
+def test_a_handler_sql_error_is_a_failed_delivery_not_a_database_outage(backend: Backend) -> None:
+    """Contract 4: the handler raised, so the delivery failed and counts. SQLite reports a
+    missing table as OperationalError, the class of lost connections; it must not be
+    waited out as an outage forever, never counted and never backed out."""
+    queue = backend.q("Q")
+    settings = backend.write(ports={"Review": {"destination": queue, "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 2}})
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"action": "badsql"}, message_id="bad")
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, timeout=15,
+                 what="the message backed out after two failed deliveries")
+        output = container.output()
+    assert "database unavailable" not in output, output
+    assert [a[3] for a in backend.attempts()] == [0, 1]
+    dead = backend.probe(settings).take_all(backend.q("DLQ"))
+    assert "review_no_such_table" in dict(dead[0].headers)["x-mdb-exception"]
