@@ -29,7 +29,7 @@ from .backout import (
     exception_text,
     redelivery_wait,
 )
-from .broker import connection_errors, describe
+from .broker import DELIVERY_MODE_PERSISTENT, connection_errors, describe
 from .context import MessageContext
 from .crash import crash_point
 from .errors import PublishError
@@ -350,7 +350,7 @@ def envelope(raw: Any, message_id: str, count: int, accept: list[str] | frozense
         redelivered=bool(raw.delivery_info.get("redelivered")) or count > 0,
         priority=priority if isinstance(priority, int) and 0 <= priority <= 255 else 0,
         expires_at=_expires_at(raw),
-        persistent=props.get("delivery_mode") != 1,
+        persistent=props.get("delivery_mode") == DELIVERY_MODE_PERSISTENT,  # AMQP: absent is transient
         reply_to=props.get("reply_to"),
         correlation_id=props.get("correlation_id"),
         timestamp=from_epoch(props.get("timestamp")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -168,3 +169,28 @@ def test_a_handler_sql_error_is_a_failed_delivery_not_a_database_outage(backend:
     assert [a[3] for a in backend.attempts()] == [0, 1]
     dead = backend.probe(settings).take_all(backend.q("DLQ"))
     assert "review_no_such_table" in dict(dead[0].headers)["x-mdb-exception"]
+
+
+# -- the envelope ----------------------------------------------------------------------------
+
+
+@pytest.mark.rabbitmq
+def test_a_message_without_delivery_mode_is_not_persistent(rabbit: Backend) -> None:
+    """Contract 2: ``persistent``. AMQP without a delivery_mode is transient (RabbitMQ keeps it
+    in memory only), so a producer from elsewhere that sets none must not read as persistent."""
+    import amqp
+
+    queue = rabbit.q("Q")
+    settings = rabbit.write(ports={"Review": {"destination": queue}}, queues={queue: {}})
+    with rabbit.container(settings):
+        with rabbit.producer(settings) as producer:
+            producer.send(queue, {"n": 1}, message_id="ours")
+            producer.send(queue, {"n": 2}, message_id="ours-transient", persistent=False)
+        with kombu.Connection(RABBITMQ_URL) as conn:
+            raw = amqp.Message(b'{"n": 3}', content_type="application/json", message_id="foreign")
+            conn.default_channel.basic_publish(raw, exchange="", routing_key=queue)
+        seen = Path(str(rabbit.log) + ".review")
+        wait_for(lambda: seen.exists() and len(seen.read_text().splitlines()) == 3,
+                 what="three deliveries")
+    persistent = {row["id"]: row["persistent"] for row in map(json.loads, seen.read_text().splitlines())}
+    assert persistent == {"ours": True, "ours-transient": False, "foreign": False}
