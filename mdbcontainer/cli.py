@@ -168,9 +168,11 @@ def send(
         from .settings import parse_duration
 
         try:
-            parse_duration(ttl)
+            seconds = parse_duration(ttl).total_seconds()
         except ValueError as exc:
             usage_error(f"--ttl: {exc}")
+        if seconds <= 0:
+            usage_error(f"--ttl: must be positive, not {ttl!r}")
     settings = settings_for(config)
 
     def go() -> None:

@@ -194,3 +194,14 @@ def test_a_message_without_delivery_mode_is_not_persistent(rabbit: Backend) -> N
                  what="three deliveries")
     persistent = {row["id"]: row["persistent"] for row in map(json.loads, seen.read_text().splitlines())}
     assert persistent == {"ours": True, "ours-transient": False, "foreign": False}
+
+
+def test_a_ttl_that_is_not_positive_is_bad_usage_exit_2(tmp_path: Path) -> None:
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+    }})
+    result = mdb("send", "Q", "{}", "--ttl", "0s", settings=settings)
+    line = one_line_error(result)
+    assert result.returncode == 2
+    assert "--ttl" in line
