@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .message import Message, validate_body, validator_for
 H = TypeVar("H", bound=Callable[..., Any])
 
 _MARK = "__message_driven__"
+log = logging.getLogger("mdbcontainer.handlers")
 
 
 @dataclass(frozen=True)
@@ -180,5 +182,9 @@ class Invoker:
         """Tear the bean instance down (after a failure, or at shutdown)."""
         bean, self._bean = self._bean, None
         teardown = getattr(bean, "teardown", None)
-        if callable(teardown):
+        if not callable(teardown):
+            return
+        try:
             teardown()
+        except Exception:  # must not replace the handler's error, nor end a consumer thread
+            log.exception("%s: teardown raised; the instance is discarded anyway", self.spec.name)

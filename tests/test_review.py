@@ -205,3 +205,26 @@ def test_a_ttl_that_is_not_positive_is_bad_usage_exit_2(tmp_path: Path) -> None:
     line = one_line_error(result)
     assert result.returncode == 2
     assert "--ttl" in line
+
+
+# -- beans -----------------------------------------------------------------------------------
+
+
+def test_a_bean_whose_teardown_raises_still_fails_with_its_own_error() -> None:
+    """Contract 1: a bean that raised is discarded (teardown) and replaced. A teardown that
+    raises too must not replace the handler's error (the one x-mdb-exception reports)."""
+    from mdbcontainer.handlers import HandlerSpec, Invoker
+
+    class Bean:
+        def on_message(self, message: object, ctx: object) -> None:
+            raise RuntimeError("the handler's own error")
+
+        def teardown(self) -> None:
+            raise OSError("teardown failed too")
+
+    invoker = Invoker.for_spec(HandlerSpec("P", Bean, {}))
+    with pytest.raises(RuntimeError, match="the handler's own error"):
+        invoker("body", None)
+    invoker._bean = Bean()
+    invoker.discard()  # at shutdown: logged, not raised out of the consumer thread
+    assert invoker._bean is None
