@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from .logs import mask_secrets
 from .store import Store, utcnow
 
 CRASHED = "the container process died during this delivery (killed, crashed or lost its broker connection)"
@@ -40,7 +41,8 @@ class Attempt:
 
 def exception_text(exc: BaseException) -> str:
     """Type, message and a bounded traceback, kept across processes in ``x-mdb-exception``."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    # Masked: the header is printed by mdb dlq show, and a handler's error may carry a URL.
+    text = mask_secrets("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     if len(text) > MAX_TRACEBACK:
         text = text[:200] + "\n...\n" + text[-(MAX_TRACEBACK - 210) :]
     return text.strip()

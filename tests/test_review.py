@@ -228,3 +228,15 @@ def test_a_bean_whose_teardown_raises_still_fails_with_its_own_error() -> None:
     invoker._bean = Bean()
     invoker.discard()  # at shutdown: logged, not raised out of the consumer thread
     assert invoker._bean is None
+
+
+def test_the_exception_kept_in_x_mdb_exception_masks_passwords() -> None:
+    """Contract 3: secrets never appear in errors; x-mdb-exception is printed by mdb dlq show."""
+    from mdbcontainer.backout import exception_text
+
+    try:
+        raise RuntimeError("cannot reach https://svc:hunter2@api.example/ (password=hunter2)")
+    except RuntimeError as exc:
+        text = exception_text(exc)
+    assert "hunter2" not in text
+    assert "RuntimeError: cannot reach https://svc:***@api.example/" in text
