@@ -73,6 +73,12 @@ class Dedup:
         with self.store.engine.connect() as conn:
             return bool(conn.execute(query).scalar())
 
+    def forget(self, port: str, message_id: str) -> None:
+        """Delete one row, so that a replayed message is handled again (``mdb dlq replay``)."""
+        t = self.table
+        with self.store.engine.begin() as conn:
+            conn.execute(delete(t).where(t.c.port == port, t.c.message_id == message_id))
+
     def purge(self, older_than: timedelta, *, batch: int = PURGE_BATCH) -> int:
         """Delete rows older than ``older_than`` in short batches; return how many went.
 

@@ -254,6 +254,7 @@ class Replayer:
 
     def __init__(self, settings: Settings, to: str | None) -> None:
         from .backout import DeliveryCounter
+        from .dedup import Dedup
         from .store import Store
 
         self.settings = settings
@@ -265,6 +266,7 @@ class Replayer:
         except SQLAlchemyError as exc:
             raise DlqError(f"database: {describe(exc)}") from None
         self.counter = DeliveryCounter(self.store)
+        self.dedup = Dedup(self.store)
         self.publisher = Publisher(self.broker)
 
     def move(self, source: str, message: Any) -> str | None:
@@ -278,6 +280,7 @@ class Replayer:
         try:
             if mid:
                 self.counter.reset(destination, str(mid))
+                self._forget_handled(message, str(mid), destination)
             self._publish(copy_of(message, destination, replay_headers(dict(message.headers or {})),
                                   replace=True))
         except SQLAlchemyError as exc:
@@ -287,6 +290,17 @@ class Replayer:
         crash_point("mid-replay")
         message.ack()  # only after the confirm: a crash before this duplicates, never loses
         return None
+
+    def _forget_handled(self, message: Any, mid: str, destination: str) -> None:
+        """A message the handler moved (``ctx.move_to``) was handled: its dedup row committed.
+
+        Without deleting it, the copy replayed to its port would be acknowledged
+        as a duplicate and never reach the handler. A message backed out by the
+        container has no row: nothing to delete.
+        """
+        port = _text_or_none(message.headers.get("x-mdb-port"))
+        if port and destination == _text_or_none(message.headers.get(ORIGINAL_DESTINATION)):
+            self.dedup.forget(port, mid)
 
     def _publish(self, copy: Outgoing) -> None:
         """Declare the destination as the container does; publish confirmed, mandatory to queues."""

@@ -240,3 +240,24 @@ def test_the_exception_kept_in_x_mdb_exception_masks_passwords() -> None:
         text = exception_text(exc)
     assert "hunter2" not in text
     assert "RuntimeError: cannot reach https://svc:***@api.example/" in text
+
+
+# -- replay ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_message_the_handler_moved_is_handled_again_when_replayed(backend: Backend) -> None:
+    """Contract 2 and 5: ``ctx.move_to`` counts as handled, so the dedup row of the message
+    commits with the move; ``mdb dlq replay`` must still bring the message back to its
+    handler, not have it acknowledged as a duplicate of the delivery that moved it."""
+    queue, dlq = backend.q("Q"), backend.q("DLQ")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    with backend.container(settings):
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "move", "to": dlq}, message_id="parked")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="the move")
+        result = mdb("dlq", "replay", "parked", settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: len([a for a in backend.attempts() if a[1] == "parked"]) == 2,
+                 what="the replayed copy to reach the handler")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="moved again")
