@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from .backout import REASON_INVALID, REASON_MISSING_ID, REASON_THRESHOLD
 from .broker import EMBEDDED, Broker, Publisher, connection_errors, describe
 from .crash import crash_point
 from .errors import BrokerUnavailable, MdbError, PublishError
@@ -47,6 +48,8 @@ EXCEPTION = "x-mdb-exception"
 # The broker's count of deliveries from the backout queue, not the message's own.
 BROKER_COUNT = "x-delivery-count"
 SUMMARY_WIDTH = 72
+# Backouts the container makes itself (a failed delivery's work never committed).
+CONTAINER_REASONS = frozenset({REASON_THRESHOLD, REASON_INVALID, REASON_MISSING_ID})
 
 
 class DlqError(MdbError):
@@ -295,11 +298,15 @@ class Replayer:
         """A message the handler moved (``ctx.move_to``) was handled: its dedup row committed.
 
         Without deleting it, the copy replayed to its port would be acknowledged
-        as a duplicate and never reach the handler. A message backed out by the
-        container has no row: nothing to delete.
+        as a duplicate and never reach the handler. A message the container
+        backed out never committed a row; one found there was written by a copy
+        of an earlier, interrupted replay, and must stay to absorb this one.
         """
-        port = _text_or_none(message.headers.get("x-mdb-port"))
-        if port and destination == _text_or_none(message.headers.get(ORIGINAL_DESTINATION)):
+        headers = message.headers or {}
+        port = _text_or_none(headers.get("x-mdb-port"))
+        reason = _text_or_none(headers.get("x-mdb-backout-reason"))
+        if (port and reason not in CONTAINER_REASONS
+                and destination == _text_or_none(headers.get(ORIGINAL_DESTINATION))):
             self.dedup.forget(port, mid)
 
     def _publish(self, copy: Outgoing) -> None:

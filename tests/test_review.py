@@ -261,3 +261,37 @@ def test_a_message_the_handler_moved_is_handled_again_when_replayed(backend: Bac
         wait_for(lambda: len([a for a in backend.attempts() if a[1] == "parked"]) == 2,
                  what="the replayed copy to reach the handler")
         wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="moved again")
+
+
+@pytest.mark.slow
+def test_a_replay_killed_mid_way_and_run_again_still_applies_a_backed_out_message_once(
+    backend: Backend,
+) -> None:
+    """The replay's crash window (confirmed copy, original not yet acknowledged) duplicates the
+    copy; the dedup row of the first copy must absorb the second (README, dlq.py)."""
+    import signal
+
+    queue, dlq = backend.q("Q"), backend.q("DLQ")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 1}})
+    keys = backend.metadata.tables[f"{backend.schema}.unique_keys" if backend.schema
+                                   else "unique_keys"]
+    with backend.engine.begin() as conn:  # the data fault that makes the message fail at commit
+        conn.execute(keys.insert().values(key="always-the-same"))
+    with backend.container(settings):
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "constraint"}, message_id="m")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="the backout")
+        with backend.engine.begin() as conn:
+            conn.execute(keys.delete())
+        crashed = mdb("dlq", "replay", "m", settings=settings,
+                      env={**backend.env, "MDB_CRASH_AT": "mid-replay"})
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+        wait_for(lambda: backend.effects() == {"m": 1}, what="the first copy handled")
+        result = mdb("dlq", "replay", "m", settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: backend.probe(settings).count(queue) == 0 and
+                 len([a for a in backend.attempts() if a[1] == "m"]) >= 2,
+                 what="the second copy consumed")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 0, what="the DLQ empty")
+    assert backend.effects() == {"m": 1}
