@@ -23,7 +23,7 @@ from .backout import DeliveryCounter
 from .broker import Broker, Capabilities, Publisher, describe
 from .control import Control, Wanted
 from .dedup import Dedup
-from .errors import ListenerError
+from .errors import ListenerError, SettingsError
 from .handlers import HandlerSpec, import_listeners
 from .http import OperationsServer
 from .logs import fields
@@ -77,9 +77,21 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
                 f"in {settings.source} or @message_driven({name!r}, destination=...)"
             )
         bindings.append(Binding(name, spec, validate_port(settings.source, name, merged)))
+        _refuse_backout_loop(settings, name, bindings[-1].settings)
     if not bindings:
         raise ListenerError(f"{settings.source}: no ports: container.listeners registers no handler")
     return [b for b in bindings if not only or b.name in only]
+
+
+def _refuse_backout_loop(settings: Settings, name: str, port: PortSettings) -> None:
+    """A port reading its own backout queue would back a failing message out onto it for ever."""
+    queue = port.queue_name
+    if settings.queue(queue).backout_threshold and settings.backout_queue_for(queue) == queue:
+        raise SettingsError(
+            f"{settings.source}: ports.{name}: its queue {queue!r} is its own backout queue, so a "
+            f"failing message would be backed out onto it again and again: set [queues.\"{queue}\"] "
+            "backout_queue to another queue, or backout_threshold = 0"
+        )
 
 
 class Resources:

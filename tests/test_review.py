@@ -295,3 +295,33 @@ def test_a_replay_killed_mid_way_and_run_again_still_applies_a_backed_out_messag
                  what="the second copy consumed")
         wait_for(lambda: backend.probe(settings).count(dlq) == 0, what="the DLQ empty")
     assert backend.effects() == {"m": 1}
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("queues", [{}, {"DLQ": {"backout_queue": "DLQ"}}])
+def test_a_port_whose_queue_is_its_own_backout_queue_is_a_settings_error(
+    tmp_path: Path, queues: dict[str, object],
+) -> None:
+    """A port that reads the backout queue (a DLQ processor) would back a failing message out
+    onto the queue it reads, where it fails again, for ever: contract 3 makes such
+    contradictory combinations settings errors (exit 2, one line)."""
+    settings = write_settings(tmp_path / "settings.toml", {
+        "container": {
+            "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+            "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "listeners": ["tests.apps.work"], "dead_letter_queue": "DLQ",
+        },
+        "queues": queues,
+        "ports": {"Work": {"destination": "DLQ"}},
+    })
+    for verb in ("check", "run"):
+        result = mdb(verb, settings=settings)
+        line = one_line_error(result)
+        assert result.returncode == 2, result.stderr
+        assert "ports.Work" in line and "backout" in line
+    ok = settings.read_text() + '\n[queues.DLQ]\nbackout_threshold = 0\n' if not queues else None
+    if ok:
+        settings.write_text(ok)
+        assert mdb("check", settings=settings).returncode == 0, "threshold 0: nothing backed out"
