@@ -99,6 +99,7 @@ class Bench:
         self.tmp = Path(tempfile.mkdtemp(prefix="mdb-bench-"))
         self.engine = create_engine(POSTGRES_URL)
         self.loads = 0
+        self.dedup_rows = 0
 
     def fresh_schema(self) -> None:
         """An empty schema per contestant, with the baseline's dedup and business tables."""
@@ -107,6 +108,18 @@ class Bench:
             conn.execute(text(f'CREATE SCHEMA "{self.schema}"'))
         Tables.build("bench_", self.schema).dedup.create(self.engine)
         lb.effects_table(self.schema).create(self.engine)
+
+    def prefill(self, table: str) -> None:
+        """Fill a dedup table with ``--dedup-rows`` old rows of another port, as months of traffic would."""
+        if not self.dedup_rows:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(text(
+                f'INSERT INTO "{self.schema}".{table} (port, message_id, processed_at) '
+                "SELECT 'Old', 'old-' || g, now() - interval '1 day' "
+                f"FROM generate_series(1, {int(self.dedup_rows)}) AS g"
+            ))
+            conn.execute(text(f'ANALYZE "{self.schema}".{table}'))
 
     def load(self, n: int) -> None:
         """Publish n persistent JSON messages with fresh ids; return once the queue holds them."""
@@ -193,6 +206,8 @@ def exactly_once(engine: Engine, schema: str) -> tuple[Callable[[Any, Any], None
 
 def hand_written(bench: Bench, scenario: str, n: int, trace: Path | None = None) -> Timing:
     bench.fresh_schema()
+    if scenario == "exactly-once":
+        bench.prefill("bench_dedup")
     bench.load(n)
     if scenario == "none":
         return kombu_drain(bench, n, plain)
@@ -241,6 +256,8 @@ def container(bench: Bench, scenario: str, n: int, *, trace: Path | None = None,
     proc.start(wait=False)
     try:
         wait_for(lambda: _alive(proc) and proc.port_state(port), 60, 0.2, f"mdb run ({port}) to register")
+        if scenario == "exactly-once":
+            bench.prefill("mdb_dedup")
         bench.load(n)
         marks = lb.trace_sizes(trace)
         mdb("port", "start", port, *config, env=cli_env)
@@ -312,6 +329,8 @@ def main() -> int:
     parser.add_argument("--trace-n", type=int, default=500, help="messages of the traced pass (0: skip)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="cProfile the container's first run into DIR (slows it down)")
+    parser.add_argument("--dedup-rows", type=int, default=0,
+                        help="fill both dedup tables with this many old rows first (e.g. 2000000)")
     args = parser.parse_args()
     if args.profile:
         args.profile = args.profile.resolve()
@@ -321,6 +340,7 @@ def main() -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with services_kept_up():
         bench = Bench(args.n)
+        bench.dedup_rows = args.dedup_rows
         try:
             results = [r for s in scenarios for r in run_scenario(bench, s, args)]
         except Exception as exc:  # one line; the queue and schema are removed all the same
