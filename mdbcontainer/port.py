@@ -87,6 +87,9 @@ class ListenerPort:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        # Stopping and the state it shows change together: a consumer that connects just as
+        # the control thread stops the port must not turn it back to ``started``.
+        self._state_lock = threading.Lock()
         self._stopping = threading.Event()
         self.queue = self.settings.queue_name
         self.ever_consumed = False
@@ -110,8 +113,9 @@ class ListenerPort:
 
     def stop(self, reason: str, *, wait: float | None = None) -> None:
         """Stop consuming; in-flight deliveries finish, prefetched ones are handed back."""
-        self._stopping.set()
-        self._set_state("stopped", reason)
+        with self._state_lock:
+            self._stopping.set()
+            self._set_state("stopped", reason)
         if wait is not None:
             self.join(wait)
 
@@ -141,14 +145,15 @@ class ListenerPort:
 
     def consumer_changed(self) -> None:
         """Called by consumers as they connect or drop; ``started`` only when all consume."""
-        if self.stopping:
-            return
-        up = sum(1 for c in self.consumers if c.consuming)
-        if up == len(self.consumers) and up:
-            self.ever_consumed = True
-            self._set_state("started", "")
-        elif self.state == "started":
-            self._set_state("stopped", f"{len(self.consumers) - up} consumer(s) reconnecting")
+        with self._state_lock:
+            if self.stopping:
+                return
+            up = sum(1 for c in self.consumers if c.consuming)
+            if up == len(self.consumers) and up:
+                self.ever_consumed = True
+                self._set_state("started", "")
+            elif self.state == "started":
+                self._set_state("stopped", f"{len(self.consumers) - up} consumer(s) reconnecting")
 
     def _set_state(self, state: str, reason: str, *, logged: bool = False) -> None:
         if (state, reason) != (self.state, self.reason):
@@ -200,8 +205,9 @@ class ListenerPort:
         log.error("port %s stopped: %s", self.name, reason,
                   extra=fields(port=self.name, message_id=message_id, outcome="port_stopped",
                                state="stopped", reason=reason))
-        self._stopping.set()
-        self._set_state("stopped", reason, logged=True)
+        with self._state_lock:
+            self._stopping.set()
+            self._set_state("stopped", reason, logged=True)
         self.resources.control.set_port(self.name, "stopped", reason)
 
     # -- infrastructure outages --------------------------------------------
