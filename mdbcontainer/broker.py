@@ -312,6 +312,7 @@ class Publisher:
             self.close()
             raise PublishError(f"publish to {exchange or routing_key!r} failed: {describe(exc)}") from exc
         if self._returned:
+            self._declared.discard(routing_key)  # deleted since declared? the next route declares it
             raise Unroutable(f"no queue took the message for {routing_key!r} (mandatory publish returned)")
 
     def close(self) -> None:

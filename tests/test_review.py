@@ -325,3 +325,23 @@ def test_a_port_whose_queue_is_its_own_backout_queue_is_a_settings_error(
     if ok:
         settings.write_text(ok)
         assert mdb("check", settings=settings).returncode == 0, "threshold 0: nothing backed out"
+
+
+@pytest.mark.rabbitmq
+def test_a_queue_deleted_under_a_long_lived_producer_is_declared_again(rabbit: Backend) -> None:
+    """A publisher declares each destination once. After the queue is deleted (an operator,
+    ``rabbitmqctl delete_queue``), a mandatory publish returns: that one fails, and the
+    next must declare the queue again instead of failing for the life of the publisher
+    (the outbox relay would retry the row for ever)."""
+    from mdbcontainer.errors import Unroutable
+
+    queue = rabbit.q("Q")
+    settings = rabbit.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    with rabbit.producer(settings) as producer:
+        producer.send(queue, {"n": 1})
+        with kombu.Connection(RABBITMQ_URL) as conn:
+            conn.channel().queue_delete(queue=queue)
+        with pytest.raises(Unroutable):
+            producer.send(queue, {"n": 2})
+        producer.send(queue, {"n": 3})
+    assert rabbit.probe(settings).count(queue) == 1
