@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -91,6 +92,13 @@ class ContainerSettings(_Strict):
     ssl_ca: str | None = None
     ssl_cert: str | None = None
     ssl_key: str | None = None
+
+    @field_validator("control_interval")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be positive: the control loop polls the database at this interval")
+        return value
 
 
 class QueueSettings(_Strict):

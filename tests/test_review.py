@@ -345,3 +345,16 @@ def test_a_queue_deleted_under_a_long_lived_producer_is_declared_again(rabbit: B
             producer.send(queue, {"n": 2})
         producer.send(queue, {"n": 3})
     assert rabbit.probe(settings).count(queue) == 1
+
+
+def test_a_control_interval_of_zero_is_a_settings_error(tmp_path: Path) -> None:
+    """A zero interval made the control loop poll the database without pause (a busy loop)."""
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "listeners": ["tests.apps.work"], "control_interval": "0s",
+    }, "ports": {"Work": {"destination": "WORK"}}})
+    result = mdb("check", settings=settings)
+    line = one_line_error(result)
+    assert result.returncode == 2
+    assert "container.control_interval" in line
