@@ -34,6 +34,9 @@ ENV_PREFIX = "MDB_"
 # Environment variables that configure the tool itself rather than a key of the file.
 _RESERVED_ENV = {"MDB_SETTINGS", "MDB_REQUIRE_SERVICES", "MDB_CRASH_AT", "MDB_CRASH_ONCE_FILE"}
 
+# The transports whose capabilities broker.py declares (memory:// for tests).
+BROKER_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "embedded", "memory"})
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
@@ -92,6 +95,17 @@ class ContainerSettings(_Strict):
     ssl_ca: str | None = None
     ssl_cert: str | None = None
     ssl_key: str | None = None
+
+    @field_validator("broker_url")
+    @classmethod
+    def _known_broker(cls, value: str) -> str:
+        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
+        if scheme not in BROKER_SCHEMES:
+            raise ValueError(
+                f"{scheme + '://' if scheme else 'a URL without a scheme'} is not a broker this "
+                "package runs on: use amqp:// or amqps:// (RabbitMQ), or embedded://PATH"
+            )
+        return value
 
     @field_validator("control_interval")
     @classmethod

@@ -358,3 +358,18 @@ def test_a_control_interval_of_zero_is_a_settings_error(tmp_path: Path) -> None:
     line = one_line_error(result)
     assert result.returncode == 2
     assert "container.control_interval" in line
+
+
+def test_a_broker_url_of_no_supported_kind_is_a_settings_error(tmp_path: Path) -> None:
+    """mdb check said ok and mdb send ended in a KeyError traceback ('No such transport')."""
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": "rabbit://guest:s3cret-pw@127.0.0.1//",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "listeners": ["tests.apps.work"],
+    }, "ports": {"Work": {"destination": "WORK"}}})
+    for args in (("check",), ("send", "Q", "{}")):
+        result = mdb(*args, settings=settings)
+        line = one_line_error(result)
+        assert result.returncode == 2
+        assert "container.broker_url" in line and "amqp://" in line
+        assert "s3cret-pw" not in result.stderr
