@@ -61,11 +61,27 @@ def is_infrastructure(exc: BaseException) -> bool:
         return True
     if _sqlite_statement_error(exc):
         return False
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        return _transient_sqlstate(sqlstate)
     return isinstance(
         exc,
         sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.DisconnectionError
         | sa_exc.TimeoutError,
     )
+
+
+def _transient_sqlstate(sqlstate: str) -> bool:
+    """PostgreSQL errors that are the server's state, not the message's: waited out, not counted.
+
+    Connection exceptions (08), a login refused (28) or a database missing (3D),
+    insufficient resources (53), serialization failures and deadlocks (40,
+    which pass on retry) and the server shutting down (57P01-57P03). A
+    statement or lock timeout (57014, 55P03) is not among them: a message
+    whose query always times out is a failed delivery, counted and in the end
+    backed out, instead of being retried forever uncounted.
+    """
+    return sqlstate[:2] in {"08", "28", "3D", "53", "40"} or sqlstate in {"57P01", "57P02", "57P03"}
 
 
 def _sqlite_statement_error(exc: BaseException) -> bool:

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import create_engine, func, inspect, select, text
+from sqlalchemy import exc as sa_exc
 
 from mdbcontainer.broker import Broker
 from mdbcontainer.store import Tables
 from mdbcontainer.testing import wait_for
+from mdbcontainer.transactions import is_infrastructure
 from tests.conftest import Backend
 
 pytestmark = pytest.mark.slow
@@ -228,3 +230,22 @@ def test_the_container_tables_honour_table_prefix_and_db_schema(backend: Backend
         if own_schema:
             with backend.engine.begin() as conn:
                 conn.execute(text(f'DROP SCHEMA IF EXISTS "{own_schema}" CASCADE'))
+
+
+@pytest.mark.postgres
+def test_postgres_errors_are_classified_by_sqlstate() -> None:
+    from tests.conftest import POSTGRES_URL, require
+
+    require(5432, "PostgreSQL")
+    engine = create_engine(POSTGRES_URL)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SET statement_timeout = '50ms'"))
+            with pytest.raises(sa_exc.OperationalError) as timeout:
+                conn.execute(text("SELECT pg_sleep(1)"))
+        assert not is_infrastructure(timeout.value), "a statement timeout is the message's failure"
+        with engine.connect() as conn, pytest.raises(sa_exc.DBAPIError) as deadlock:
+            conn.execute(text("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END $$"))
+        assert is_infrastructure(deadlock.value), "a deadlock passes on retry"
+    finally:
+        engine.dispose()
