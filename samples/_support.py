@@ -18,12 +18,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mdbcontainer.settings import Settings, load_settings
+from mdbcontainer.testing import wait_for
 
 
 class SampleFailed(Exception):
@@ -91,14 +91,10 @@ class Walk:
         return Container(self, proc, self.tmp / log_name)
 
     def wait_for(self, predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise SampleFailed(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(0.2)
+        try:
+            return wait_for(predicate, timeout, 0.2, what)
+        except AssertionError as exc:
+            raise SampleFailed(str(exc)) from None
 
     def expect(self, condition: bool, what: str) -> None:
         if not condition:
