@@ -313,8 +313,7 @@ class Container:
                 raise
             log.info("stopped before the database came up")
             return 0
-        while not self._stop.wait(0.5):
-            pass
+        self._stop.wait()  # a signal sets it
         self.stop()
         log.info("container %s stopped", self.id)
         return 0

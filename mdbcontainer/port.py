@@ -192,16 +192,7 @@ class ListenerPort:
     def stop_for_failures(self, message_id: str, error: BaseException, *, internal: bool = False,
                           reason: str | None = None) -> None:
         """Maximum retries exceeded (or the container failed): stop this port fleet-wide."""
-        if reason is not None:
-            pass
-        elif internal:
-            reason = f"container error on message {message_id}: {describe(error)}"
-        else:
-            reason = (
-                f"maximum retries ({self.settings.max_retries}) exceeded: "
-                f"{self.stats.consecutive_failures} consecutive failed deliveries, last message "
-                f"{message_id}: {describe(error)}"
-            )
+        reason = reason or self._stop_reason(message_id, error, internal)
         log.error("port %s stopped: %s", self.name, reason,
                   extra=fields(port=self.name, message_id=message_id, outcome="port_stopped",
                                state="stopped", reason=reason))
@@ -209,6 +200,15 @@ class ListenerPort:
             self._stopping.set()
             self._set_state("stopped", reason, logged=True)
         self.resources.control.set_port(self.name, "stopped", reason)
+
+    def _stop_reason(self, message_id: str, error: BaseException, internal: bool) -> str:
+        if internal:
+            return f"container error on message {message_id}: {describe(error)}"
+        return (
+            f"maximum retries ({self.settings.max_retries}) exceeded: "
+            f"{self.stats.consecutive_failures} consecutive failed deliveries, last message "
+            f"{message_id}: {describe(error)}"
+        )
 
     # -- infrastructure outages --------------------------------------------
 
