@@ -133,6 +133,19 @@ def parse_body(text: str) -> Any:
         usage_error(f"{source} is not JSON ({exc}); quote text as a JSON string: '\"text\"'")
 
 
+def positive_seconds(option: str, text: str) -> float:
+    """A duration option (``30s``, ``500ms``) as seconds; bad usage unless it is positive."""
+    from .settings import parse_duration
+
+    try:
+        seconds: float = parse_duration(text).total_seconds()
+    except ValueError as exc:
+        usage_error(f"{option}: {exc}")
+    if seconds <= 0:
+        usage_error(f"{option}: must be positive, not {text!r}")
+    return seconds
+
+
 def parse_headers(pairs: list[str]) -> dict[str, Any]:
     headers: dict[str, Any] = {}
     for pair in pairs:
@@ -165,14 +178,7 @@ def send(
     data = parse_body(body)
     headers = parse_headers(header or [])
     if ttl is not None:
-        from .settings import parse_duration
-
-        try:
-            seconds = parse_duration(ttl).total_seconds()
-        except ValueError as exc:
-            usage_error(f"--ttl: {exc}")
-        if seconds <= 0:
-            usage_error(f"--ttl: must be positive, not {ttl!r}")
+        positive_seconds("--ttl", ttl)
     settings = settings_for(config)
 
     def go() -> None:
@@ -329,15 +335,9 @@ def request(
 ) -> None:
     """Send with a temporary reply queue; print the reply's body as JSON on stdout."""
     from .producer import Producer
-    from .settings import parse_duration
 
     data = parse_body(body)
-    try:
-        seconds = parse_duration(timeout).total_seconds()
-    except ValueError as exc:
-        usage_error(f"--timeout: {exc}")
-    if seconds <= 0:
-        usage_error(f"--timeout: must be positive, not {timeout!r}")
+    seconds = positive_seconds("--timeout", timeout)
     settings = settings_for(config)
 
     def go() -> None:
