@@ -135,7 +135,8 @@ class Resources:
         current = self._outages.get(kind)
         if current is None:
             self._outages[kind] = (now, describe(error))
-            if now - self._restored.get(kind, now - OUTAGE_ECHO) < OUTAGE_ECHO:
+            restored = self._restored.get(kind)  # never restored: a first outage, never an echo
+            if restored is not None and now - restored < OUTAGE_ECHO:
                 self._echoes.add(kind)
                 return logging.DEBUG
             return logging.ERROR
