@@ -29,6 +29,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -182,6 +183,10 @@ class Store:
                 # Two containers starting at once must not race on CREATE TABLE.
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7426001)")
             self.tables.metadata.create_all(conn)
+
+    def insert(self, table: Table) -> Any:
+        """The dialect's INSERT, the one with ``ON CONFLICT`` (PostgreSQL and SQLite alike)."""
+        return postgresql.insert(table) if self.dialect == "postgresql" else sqlite.insert(table)
 
     def session(self) -> Session:
         """This thread's Session, reused across deliveries (each unit of work closes it after use).
