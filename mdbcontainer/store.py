@@ -8,11 +8,11 @@ handler's work and its dedup row (and its outbox sends). Names carry
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import tenacity
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -165,14 +165,9 @@ class Store:
             return
         # SQLite: a deferred transaction that read the schema cannot take the write lock
         # while another process creates the tables (SQLITE_BUSY, no wait): try again.
-        for attempt in range(40):
-            try:
-                self._create_tables()
-                return
-            except OperationalError:
-                if attempt == 39:
-                    raise
-                time.sleep(0.05)
+        tenacity.Retrying(retry=tenacity.retry_if_exception_type(OperationalError), reraise=True,
+                          stop=tenacity.stop_after_attempt(40), wait=tenacity.wait_fixed(0.05),
+                          )(self._create_tables)
 
     def _create_tables(self) -> None:
         with self.engine.begin() as conn:
