@@ -23,7 +23,7 @@ from .broker import Broker, Publisher, describe
 from .control import Wanted
 from .endpoints import OperationsServer
 from .errors import ListenerError, SettingsError
-from .handlers import HandlerSpec, import_listeners
+from .handlers import HandlerSpec, Invoker, import_listeners
 from .port import ListenerPort
 from .resources import SharedResources
 from .retry import DEFAULT as RETRY
@@ -62,6 +62,7 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
                 f"{settings.source}: ports.{name}: no handler: no @message_driven({name!r}) in "
                 f"the listener modules {settings.container.listeners}"
             )
+        Invoker.for_spec(spec)  # a handler the container cannot call fails here, not per delivery
         merged = {**spec.defaults, **settings.port_overrides(name)}
         if "destination" not in merged and "topic" not in merged:
             raise ListenerError(

@@ -15,12 +15,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
 from .errors import ListenerError
 from .message import Message, validate_body, validator_for
+from .signature import Signature, read_signature
 
 H = TypeVar("H", bound=Callable[..., Any])
 
@@ -35,6 +36,7 @@ class HandlerSpec:
     port: str
     target: Any
     defaults: dict[str, Any]
+    batch: bool = False
 
     @property
     def is_bean(self) -> bool:
@@ -44,14 +46,28 @@ class HandlerSpec:
     def name(self) -> str:
         return f"{self.target.__module__}:{self.target.__qualname__}"
 
+    def signature(self) -> Signature:
+        """How the container calls the handler; ListenerError naming it when it cannot."""
+        if not self.is_bean:
+            return read_signature(self.name, self.target, method=False, batch=self.batch)
+        static = inspect.getattr_static(self.target, "on_message", None)
+        method = not isinstance(static, staticmethod | classmethod)
+        return read_signature(f"{self.name}.on_message", self.target.on_message, method=method,
+                              batch=self.batch)
 
-def message_driven(port: str, **port_defaults: Any) -> Callable[[H], H]:
+
+def message_driven(port: str, *, batch: bool = False, **port_defaults: Any) -> Callable[[H], H]:
     """Mark a function or a bean class as the handler of listener port ``port``.
 
     Keyword arguments are port settings (``destination``, ``max_retries``, ...);
     the TOML ``[ports.NAME]`` table overrides them key by key. The handler's
     first parameter's annotation decides what it receives: ``Message`` for the
-    envelope, or any type pydantic can validate for the decoded body.
+    envelope, or any type pydantic can validate for the decoded body. It is
+    called as ``(message_or_body, ctx)``, or ``(message_or_body)`` when it takes
+    one parameter; the container checks this when it binds the handler.
+
+    ``batch=True`` marks a batch handler: its first parameter is ``list[X]``
+    and it is called once per batch (contract section 8).
 
     A class is a bean: ``setup()`` runs once per instance, ``on_message(message,
     ctx)`` per delivery, ``teardown()`` when the instance is discarded (after it
@@ -69,7 +85,7 @@ def message_driven(port: str, **port_defaults: Any) -> Callable[[H], H]:
                 )
         elif not callable(target):
             raise ListenerError(f"@message_driven({port!r}) decorates a function or a class")
-        setattr(target, _MARK, HandlerSpec(port, target, dict(port_defaults)))
+        setattr(target, _MARK, HandlerSpec(port, target, dict(port_defaults), batch=bool(batch)))
         return target
 
     return mark
@@ -120,19 +136,6 @@ def _handlers_in(module: Any) -> list[HandlerSpec]:
     return specs
 
 
-def _first_parameter(func: Callable[..., Any], skip_self: bool) -> Any:
-    params = list(inspect.signature(func).parameters.values())
-    if skip_self:
-        params = params[1:]
-    if not params:
-        raise ListenerError(f"{func.__qualname__}: a handler takes (message_or_body, ctx)")
-    try:
-        hints = get_type_hints(func)
-    except Exception as exc:
-        raise ListenerError(f"{func.__qualname__}: cannot resolve its annotations: {exc}") from exc
-    return hints.get(params[0].name, Message)
-
-
 @dataclass
 class Invoker:
     """Calls one handler for one consumer: holds that consumer's bean instance.
@@ -145,12 +148,22 @@ class Invoker:
 
     spec: HandlerSpec
     adapter: TypeAdapter[Any] | None = None
+    takes_context: bool = True
     _bean: Any = field(default=None, repr=False)
 
     @classmethod
     def for_spec(cls, spec: HandlerSpec) -> Invoker:
-        func = spec.target.on_message if spec.is_bean else spec.target
-        return cls(spec, validator_for(_first_parameter(func, skip_self=spec.is_bean)))
+        """The invoker of ``spec``; ListenerError when the container could not call the handler."""
+        signature = spec.signature()
+        try:
+            adapter = validator_for(signature.annotation)
+        except Exception as exc:  # a type pydantic cannot validate: every delivery would fail
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ListenerError(
+                f"{spec.name}: its first parameter's type {signature.annotation!r} cannot be "
+                f"validated: {first_line}"
+            ) from exc
+        return cls(spec, adapter, signature.takes_context)
 
     def argument(self, message: Message) -> Any:
         """The handler's first argument: the envelope or the validated body (may raise InvalidBody)."""
@@ -159,12 +172,13 @@ class Invoker:
         return validate_body(self.adapter, message.body)
 
     def __call__(self, argument: Any, ctx: Any) -> None:
+        args = (argument, ctx) if self.takes_context else (argument,)
         if not self.spec.is_bean:
-            self.spec.target(argument, ctx)
+            self.spec.target(*args)
             return
         bean = self._instance()
         try:
-            bean.on_message(argument, ctx)
+            bean.on_message(*args)
         except BaseException:
             self.discard()
             raise
