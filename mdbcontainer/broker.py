@@ -214,11 +214,17 @@ class Broker:
         return queue
 
     def declare_destination(self, channel: Any, destination: str) -> tuple[str, str, bool]:
-        """Declare a destination (its topic exchange or its queue) and return its :meth:`route`."""
+        """Declare a destination before a publish and return its :meth:`route`.
+
+        A topic's exchange is declared (a publish to an exchange nobody declared
+        is refused), and so is a queue the settings name. Any other queue is
+        left as it is: if it does not exist, the mandatory publish fails rather
+        than create a queue no port reads.
+        """
         route = self.route(destination)
         if route[0]:
             self.declare_topic(channel, destination)
-        else:
+        elif self.settings.names_queue(destination):
             self.declare_queue(channel, destination)
         return route
 
@@ -307,7 +313,10 @@ class Publisher:
             raise PublishError(f"publish to {exchange or routing_key!r} failed: {describe(exc)}") from exc
         if self._returned:
             self._declared.discard(routing_key)  # deleted since declared? the next route declares it
-            raise Unroutable(f"no queue took the message for {routing_key!r} (mandatory publish returned)")
+            raise Unroutable(
+                f"queue {routing_key!r} does not exist: nothing was sent (a queue is created by "
+                "the port that reads it, or when the settings name it under [queues])"
+            )
 
     def close(self) -> None:
         conn, self._conn, self._channel = self._conn, None, None

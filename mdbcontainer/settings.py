@@ -254,6 +254,17 @@ class Settings(BaseSettings):
         names += [q.backout_queue for q in self.queues.values() if q.backout_queue]
         return list(dict.fromkeys(names))
 
+    def names_queue(self, name: str) -> bool:
+        """Whether the settings name queue ``name``, so a publish to it may declare it first.
+
+        A queue named nowhere is never created by a publish (contract section 4):
+        the mandatory publish fails instead, so a typo in a queue name is noticed.
+        """
+        named = {*self.queues, *self.backout_queues()}
+        named |= {q.expiry_queue for q in self.queues.values() if q.expiry_queue}
+        named |= {str(table["destination"]) for table in self.ports.values() if table.get("destination")}
+        return name in named
+
     def port_overrides(self, name: str) -> dict[str, Any]:
         """The keys the file (and environment) set for port ``name``, to lay over decorator defaults."""
         return dict(self.ports.get(name) or {})

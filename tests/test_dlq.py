@@ -67,11 +67,14 @@ def publish_raw(backend: Backend, settings: Path, queue: str, message_id: str, b
 
 
 def work_settings(backend: Backend, queue: str) -> Path:
-    """Port Work on ``queue``: JSON only, backout after 2 deliveries, never stopped by them."""
+    """Port Work on ``queue``: JSON only, backout after 2 deliveries, never stopped by them.
+
+    The settings name the PARKED queue, so that a replay ``--to`` it declares it.
+    """
     return backend.write(
         ports={"Work": {"destination": queue, "max_retries": 10, "prefetch": 1,
                         "accept": ["application/json"]}},
-        queues={queue: {"backout_threshold": 2}},
+        queues={queue: {"backout_threshold": 2}, backend.q("PARKED"): {}},
     )
 
 

@@ -14,9 +14,10 @@ from tests.conftest import ROOT, Backend
 pytestmark = pytest.mark.slow
 
 
-def jms_settings(backend: Backend, queue: str, **port: Any) -> Path:
+def jms_settings(backend: Backend, queue: str, *others: str, **port: Any) -> Path:
+    """Port Jms on ``queue``; ``others`` are queues the settings name, so a send declares them."""
     return backend.write(
-        ports={"Jms": {"destination": queue, **port}}, queues={queue: {}},
+        ports={"Jms": {"destination": queue, **port}}, queues={q: {} for q in (queue, *others)},
         listeners=["tests.apps.jms"],
     )
 
@@ -130,7 +131,8 @@ def test_dups_ok_acknowledges_in_batches_and_dedup_absorbs_the_unacknowledged_ta
 
 def test_transacted_sends_and_receive_roll_back_and_commit_as_one(rabbit: Backend) -> None:
     queue, out1, out2 = rabbit.q("TX"), rabbit.q("OUT1"), rabbit.q("OUT2")
-    settings = jms_settings(rabbit, queue, transaction="none", acknowledge="transacted", max_retries=5)
+    settings = jms_settings(rabbit, queue, out1, out2, transaction="none", acknowledge="transacted",
+                            max_retries=5)
     send(rabbit, settings, queue, [{"n": 1, "action": "send", "to": [out1, out2], "then_fail": True}])
     with rabbit.container(settings):
         wait_for(lambda: len(seen(rabbit)) == 2, what="a rollback, then a commit")
@@ -144,7 +146,8 @@ def test_transacted_sends_and_receive_roll_back_and_commit_as_one(rabbit: Backen
 
 def test_a_crash_before_the_commit_loses_the_sends_and_redelivers_the_message(rabbit: Backend) -> None:
     queue, out1, out2 = rabbit.q("TXCRASH"), rabbit.q("OUT1"), rabbit.q("OUT2")
-    settings = jms_settings(rabbit, queue, transaction="none", acknowledge="transacted", max_retries=5)
+    settings = jms_settings(rabbit, queue, out1, out2, transaction="none", acknowledge="transacted",
+                            max_retries=5)
     send(rabbit, settings, queue, [{"n": 1, "action": "send", "to": [out1, out2]}])
     with crashing(rabbit, settings, "before-tx-commit").start(wait=False) as container:
         assert container.wait_exit(60) != 0

@@ -16,9 +16,10 @@ from tests.conftest import Backend
 pytestmark = pytest.mark.slow
 
 
-def jms_settings(backend: Backend, queue: str, **port: Any) -> Path:
+def jms_settings(backend: Backend, queue: str, *others: str, **port: Any) -> Path:
+    """Port Jms on ``queue``; ``others`` are queues the settings name, so a send declares them."""
     return backend.write(
-        ports={"Jms": {"destination": queue, **port}}, queues={queue: {}},
+        ports={"Jms": {"destination": queue, **port}}, queues={q: {} for q in (queue, *others)},
         listeners=["tests.apps.jms"],
     )
 
@@ -105,7 +106,7 @@ def test_a_request_inside_a_unit_of_work_is_refused_with_the_reason(
 
 def test_a_request_from_a_handler_without_a_unit_of_work_is_sent(backend: Backend) -> None:
     queue, other = backend.q("NOTX"), backend.q("OTHER")
-    settings = jms_settings(backend, queue, transaction="none")
+    settings = jms_settings(backend, queue, other, transaction="none")
     with backend.producer(settings) as producer:
         producer.send(queue, {"n": 1, "action": "request", "to": other, "settings": str(settings)})
     with backend.container(settings):

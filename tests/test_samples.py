@@ -19,7 +19,8 @@ SHOWN = {
     "poison_walkthrough": ["maximum retries (0) exceeded", "SYSTEM.DEAD.LETTER.QUEUE: 1 message(s)",
                            "poison message poison (redelivery count 4)"],
     "bmt_once_only": ["mdb run exited with -9", "alice 15, bob 20"],
-    "request_reply": ["'price': '9.99'", '{"sku": "B-2", "price": "24.50"}', "RequestTimeout"],
+    "request_reply": ["'price': '9.99'", '{"sku": "B-2", "price": "24.50"}', "RequestTimeout",
+                      "Unroutable: queue 'PRICE' does not exist"],
     "durable_subscription": ["holds 3 events", "audit: 3, 4, 5 (missed) and 6"],
 }
 

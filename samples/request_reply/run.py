@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _support import Walk, main
 
 from mdbcontainer import Producer
-from mdbcontainer.errors import RequestTimeout
+from mdbcontainer.errors import RequestTimeout, Unroutable
 
 PORT = "PriceService"
 
@@ -55,6 +55,15 @@ def walk_through(walk: Walk) -> None:
             walk.expect(False, "a request nobody answers times out")
     result = walk.mdb("request", "NOBODY.LISTENS", '{"sku": "A-1"}', "--timeout", "1s", check=False)
     walk.expect(result.returncode == 1, "mdb request exits 1 with one line")
+
+    walk.say("Ask a queue that does not exist (a typo): refused at once, nothing sent or created")
+    with Producer.from_settings(walk.settings) as producer:
+        try:
+            producer.request("PRICE", {"sku": "A-1"}, timeout="10s")
+        except Unroutable as exc:
+            walk.note(f"Unroutable: {exc}")
+        else:
+            walk.expect(False, "a request to a queue that does not exist is refused")
     walk.expect(container.terminate() == 0, "SIGTERM: the container stops cleanly")
 
 
