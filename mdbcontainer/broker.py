@@ -26,7 +26,7 @@ from .delivery import Delivery
 from .errors import BrokerUnavailable, PublishError, Unroutable
 from .ownership import OwnerLock, in_use
 from .retry import DEFAULT as RETRY
-from .settings import Settings, mask_url
+from .settings import EMBEDDED_DEFAULT_FILE, Settings, mask_url
 
 log = logging.getLogger("mdbcontainer.broker")
 
@@ -77,7 +77,7 @@ class Broker:
     @property
     def embedded_path(self) -> str:
         """The embedded broker's SQLite file (its default when the URL names none)."""
-        return self.url[len(EMBEDDED):] or ".mdb/broker.db"
+        return self.url[len(EMBEDDED):] or EMBEDDED_DEFAULT_FILE
 
     def route(self, destination: str) -> tuple[str, str, bool]:
         """(exchange, routing key, mandatory) of a destination, as contract section 6 names them.

@@ -110,7 +110,8 @@ def check(config: ConfigOption = None) -> None:
         typer.echo(f"warning: {line}", err=True)
     typer.echo(
         f"{settings.source}: ok: {len(bindings)} port(s) "
-        f"({', '.join(b.name for b in bindings)}); broker {mask_url(settings.container.broker_url)}"
+        f"({', '.join(b.name for b in bindings)}); broker {mask_url(settings.container.broker_url)}; "
+        f"database {mask_url(settings.container.database_url)}"
         + (f"; {len(warnings)} warning(s)" if warnings else "")
     )
 

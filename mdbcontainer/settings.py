@@ -383,10 +383,59 @@ def settings_path(explicit: str | os.PathLike[str] | None = None) -> Path:
 def load_settings(
     path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None
 ) -> Settings:
-    """Read the settings file and the environment; raise SettingsError with one line on any fault."""
+    """Read the settings file and the environment; raise SettingsError with one line on any fault.
+
+    Relative paths (the embedded broker's file, an SQLite database, TLS files)
+    are resolved against the settings file's folder, as listener modules are,
+    so every ``mdb`` command finds the same broker and database from any
+    working directory.
+    """
     file = settings_path(path)
     data = apply_env(_load_toml(file), dict(os.environ if environ is None else environ))
-    return settings_from_dict(data, source=str(file))
+    settings = settings_from_dict(data, source=str(file))
+    container = resolve_paths(settings.container, Path(os.path.abspath(file)).parent)
+    return settings.model_copy(update={"container": container})
+
+
+EMBEDDED_SCHEME = "embedded://"
+EMBEDDED_DEFAULT_FILE = ".mdb/broker.db"
+
+
+def resolve_paths(container: ContainerSettings, folder: Path) -> ContainerSettings:
+    """``container`` with every relative path made absolute against ``folder``."""
+    update: dict[str, Any] = {
+        "broker_url": _resolve_broker_url(container.broker_url, folder),
+        "database_url": _resolve_database_url(container.database_url, folder),
+    }
+    for key in ("ssl_ca", "ssl_cert", "ssl_key"):
+        value = getattr(container, key)
+        if value:
+            update[key] = str(folder / Path(value).expanduser())
+    return container.model_copy(update=update)
+
+
+def _resolve_broker_url(url: str, folder: Path) -> str:
+    if not url.startswith(EMBEDDED_SCHEME):
+        return url
+    file = Path(url[len(EMBEDDED_SCHEME):] or EMBEDDED_DEFAULT_FILE).expanduser()
+    return EMBEDDED_SCHEME + str(folder / file)
+
+
+def _resolve_database_url(url: str, folder: Path) -> str:
+    """An SQLite file URL made absolute; any other URL as it is (an invalid one fails at connect)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return url
+    if database.startswith("file:") or Path(database).expanduser().is_absolute():
+        return url
+    return parsed.set(database=str(folder / database)).render_as_string(hide_password=False)
 
 
 def settings_from_dict(data: dict[str, Any], source: str = "<settings>") -> Settings:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import kombu
-from sqlalchemy.engine import make_url
 
 from .broker import Broker
 from .control import Control
@@ -113,11 +112,8 @@ class ContainerProcess:
         return self.proc.pid
 
     def _store(self) -> Store:
-        """The container's database as the child sees it (a relative SQLite path is from its cwd)."""
-        url = make_url(self.settings.container.database_url)
-        if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).is_absolute():
-            url = url.set(database=str(self.cwd / url.database))
-        return Store(self.settings.container, engine=make_engine(url.render_as_string(False)))
+        """The container's database (a relative SQLite path is resolved by load_settings)."""
+        return Store(self.settings.container, engine=make_engine(self.settings.container.database_url))
 
     def rows(self) -> list[dict[str, Any]]:
         """This process's ports as ``mdb ports --json`` shows them."""

@@ -35,11 +35,15 @@ class Walk:
 
     def __init__(self, here: Path, keep: bool = False) -> None:
         self.here = here
-        self.settings_path = here / "settings.toml"
         self.tmp = Path(tempfile.mkdtemp(prefix=f"mdb-{here.name}-"))
+        # Relative paths in a settings file (.mdb/broker.db) resolve against its folder: the
+        # walk-through runs a copy of the sample, so its broker and database start empty.
+        shutil.copytree(here, self.tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(".mdb", "__pycache__", "*.log"))
+        self.settings_path = self.tmp / "settings.toml"
         self.keep = keep
         self._procs: list[subprocess.Popen[bytes]] = []
-        os.chdir(self.tmp)  # relative URLs (.mdb/broker.db) resolve here, for us and our children
+        os.chdir(self.tmp)
 
     @property
     def settings(self) -> Settings:
