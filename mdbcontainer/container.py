@@ -96,8 +96,9 @@ class Container:
         self.broker = Broker(settings)
         self.store = Store(settings.container)
         self.resources = SharedResources(settings, self.store, self.broker)
-        self.ports = {b.name: self._port(b) for b in self.bindings}
         self._stop = threading.Event()
+        self._changed = threading.Event()  # a port changed state: write the heartbeat now
+        self.ports = {b.name: self._port(b) for b in self.bindings}
         self._threads: list[threading.Thread] = []
         self._generations: dict[str, int] = {}
         self.endpoints: OperationsServer | None = None
@@ -109,7 +110,7 @@ class Container:
         return ListenerPort(
             name=binding.name, settings=binding.settings, spec=binding.spec,
             resources=self.resources, queue_settings=self.settings.queue(queue),
-            backout_queue=self.settings.backout_queue_for(queue),
+            backout_queue=self.settings.backout_queue_for(queue), on_state_change=self._changed.set,
         )
 
     def _bind_metrics(self, port: ListenerPort) -> None:
@@ -153,7 +154,8 @@ class Container:
                 log.warning("port %s stays stopped: %s (mdb port start %s)", name, w.reason, name)
             elif port.settings.autostart:
                 port.start()
-        self._spawn("mdb-control", self._control_loop)
+        published = self._publish_state()  # mdb ports shows it from the moment it logs its start
+        self._spawn("mdb-control", lambda: self._control_loop(failing=not published))
         self._spawn("mdb-housekeeping", self._housekeeping_loop)
         log.info("container %s started: %d port(s) on %s", self.id, len(self.ports),
                  self.broker.masked_url)
@@ -168,6 +170,7 @@ class Container:
         limit = self.settings.container.shutdown_timeout.total_seconds() if timeout is None else timeout
         self.resources.shutting_down = True
         self._stop.set()
+        self._changed.set()
         for port in self.ports.values():
             port.stop("container shutting down")
         deadline = time.monotonic() + limit
@@ -231,20 +234,33 @@ class Container:
 
     # -- background loops ---------------------------------------------------
 
-    def _control_loop(self) -> None:
+    def _control_loop(self, failing: bool = False) -> None:
+        """Every ``control_interval``, and at once after a port changed state: switches, heartbeat.
+
+        ``failing``: the heartbeat at start saw the database away. This loop ends
+        only the outage it saw: a consumer ends its own.
+        """
         interval = self.settings.container.control_interval.total_seconds()
-        failing = False  # this loop ends only the outage it saw: a consumer ends its own
-        while not self._stop.wait(interval):
-            try:
-                self.apply_wanted()
-                self.resources.control.heartbeat(self.port_rows())
-            except Exception as exc:
+        while True:
+            self._changed.wait(interval)
+            self._changed.clear()
+            if self._stop.is_set():
+                return
+            if not self._publish_state():
                 failing = True
-                self.resources.outage("database", exc)
-                continue
-            if failing:
+            elif failing:
                 failing = False
                 self.resources.recovered("database")
+
+    def _publish_state(self) -> bool:
+        """Apply the fleet's port switches and write the heartbeat; False while the database is away."""
+        try:
+            self.apply_wanted()
+            self.resources.control.heartbeat(self.port_rows())
+        except Exception as exc:
+            self.resources.outage("database", exc)
+            return False
+        return True
 
     def apply_wanted(self) -> None:
         """Start or stop ports as the fleet's switches say (a newer generation wins)."""

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -68,6 +69,9 @@ class ListenerPort:
     stats: PortStats = field(default_factory=PortStats)
     consumers: list[PortConsumer] = field(default_factory=list)
     policy: RetryPolicy = RETRY
+    # Called after every state change, so the container writes its heartbeat at once and
+    # mdb ports shows the new state without waiting for control_interval. Must not block.
+    on_state_change: Callable[[], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -151,6 +155,8 @@ class ListenerPort:
             if not logged:  # one line per state change: the caller may have logged it richer
                 log.info("port %s %s%s", self.name, state, f": {reason}" if reason else "",
                          extra=fields(port=self.name, state=state, reason=reason))
+            if self.on_state_change is not None:
+                self.on_state_change()
 
     # -- Maximum retries ---------------------------------------------------
 

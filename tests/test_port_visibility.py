@@ -1,0 +1,52 @@
+"""``mdb ports`` sees a container from the moment it logs that it started (contract section 10).
+
+The heartbeat is written at start, before the "container started" line, and
+again at every port state change, so neither waits for ``control_interval``
+(set far longer than these tests wait).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from mdbcontainer.testing import wait_for
+from tests.conftest import Backend
+from tests.test_cli import mdb
+
+# Longer than any wait below: what these tests see was written by a state change, not a poll.
+SLOW_POLL = "60s"
+
+
+def ports_json(backend: Backend, settings: object) -> list[dict[str, object]]:
+    result = mdb("ports", "--json", "-c", str(settings), env=backend.env)
+    assert result.returncode == 0, result.stderr
+    rows: list[dict[str, object]] = json.loads(result.stdout)
+    return rows
+
+
+@pytest.mark.slow
+def test_ports_show_the_container_when_it_logs_its_start_and_each_state_change(
+    backend: Backend,
+) -> None:
+    queue = backend.q("SEEN")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 0}},
+                             queues={queue: {"backout_threshold": 0}}, control_interval=SLOW_POLL)
+    with backend.container(settings).start(wait=False) as container:
+        wait_for(lambda: " started: 1 port(s)" in container.output(), what="the start line")
+        assert [row["port"] for row in container.rows()] == ["Work"], "listed as soon as it started"
+
+        began = time.monotonic()
+        wait_for(lambda: (container.port_state("Work") or {}).get("state") == "started",
+                 timeout=8, what="the port's started state, long before the next poll")
+        assert [r["state"] for r in ports_json(backend, settings)] == ["started"]
+
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "fail"}, message_id="poison")
+        wait_for(lambda: (container.port_state("Work") or {}).get("state") == "stopped",
+                 timeout=8, what="the port stopped by Maximum retries")
+        [row] = ports_json(backend, settings)
+        assert row["state"] == "stopped" and "maximum retries" in str(row["reason"])
+        assert time.monotonic() - began < 20, "both changes seen well within one control_interval"
