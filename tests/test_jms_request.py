@@ -60,7 +60,7 @@ def queue_exists(backend: Backend, settings: Path, name: str) -> bool:
 
 def test_mdb_request_prints_the_reply_and_a_timeout_exits_1(backend: Backend) -> None:
     queue, nobody = backend.q("SERVICE"), backend.q("NOBODY")
-    settings = jms_settings(backend, queue, transaction="none")
+    settings = jms_settings(backend, queue, nobody, transaction="none")
     with backend.container(settings):
         result = run_mdb("request", queue, '{"n": 3, "action": "reply"}', "--timeout", "10s",
                          settings=settings, env=backend.env)
