@@ -76,26 +76,46 @@ class MessageContext:
         message_id: str | None = None,
         reply_to: str | None = None,
         correlation_id: str | None = None,
+        content_type: str | None = None,
     ) -> str:
         """Send a message as part of this unit of work; return its id.
 
-        Inside a transaction it leaves only if the transaction commits.
+        Inside a transaction it leaves only if the transaction commits. The
+        keywords are those of :meth:`mdbcontainer.Producer.send`.
         """
         message = outgoing(
             destination, body, priority=priority, ttl=ttl, persistent=persistent,
             headers=headers, message_id=message_id, reply_to=reply_to,
-            correlation_id=correlation_id,
+            correlation_id=correlation_id, content_type=content_type,
         )
         self._unit.send(message)
         return message.message_id
 
-    def reply(self, body: Any, **options: Any) -> str:
-        """Answer a request: to ``reply_to``, correlated with the request's correlation id or id."""
+    def reply(
+        self,
+        body: Any,
+        *,
+        priority: int | None = None,
+        ttl: timedelta | str | float | None = None,
+        persistent: bool = True,
+        headers: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+        content_type: str | None = None,
+    ) -> str:
+        """Answer a request: to ``reply_to``, correlated with the request's correlation id or id.
+
+        Part of the unit of work, as :meth:`send`; ``correlation_id`` overrides
+        the request's.
+        """
         if not self.message.reply_to:
             raise TransactionError(f"port {self.port!r}: message {self.message.id} has no reply_to")
-        options.setdefault("correlation_id", self.message.correlation_id or self.message.id)
-        message = replace(outgoing(self.message.reply_to, body, **options), reply=True)
-        self._unit.send(message)
+        message = outgoing(
+            self.message.reply_to, body, priority=priority, ttl=ttl, persistent=persistent,
+            headers=headers, message_id=message_id, content_type=content_type,
+            correlation_id=correlation_id or self.message.correlation_id or self.message.id,
+        )
+        self._unit.send(replace(message, reply=True))
         return message.message_id
 
     def move_to(self, queue: str, reason: str) -> None:

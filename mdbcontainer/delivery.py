@@ -29,7 +29,8 @@ def body_bytes(body: Any, encoding: str | None) -> bytes:
     """A body as bytes (py-amqp decodes it to str when the producer set a content encoding)."""
     if isinstance(body, bytes):
         return body
-    return str(body).encode(encoding or "utf-8", errors="surrogateescape")
+    codec = "utf-8" if encoding in (None, "", "binary") else encoding
+    return str(body).encode(codec, errors="surrogateescape")
 
 
 class Delivery:
@@ -61,6 +62,10 @@ class Delivery:
     @property
     def content_type(self) -> str:
         return self._raw.content_type or ""
+
+    @property
+    def content_encoding(self) -> str | None:
+        return self._raw.content_encoding or None
 
     @property
     def message_id(self) -> str | None:
@@ -133,7 +138,7 @@ def envelope(delivery: Delivery, message_id: str, count: int, accept: list[str] 
     """The handler's Message for a delivery (decoding the body; may raise InvalidBody)."""
     props = delivery.properties
     data = delivery.body
-    body = decode_body(data, delivery.content_type, accept, max_bytes)
+    body = decode_body(data, delivery.content_type, accept, max_bytes, delivery.content_encoding)
     priority = props.get("priority")
     return Message(
         id=message_id,

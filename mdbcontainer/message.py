@@ -18,6 +18,8 @@ from pydantic import TypeAdapter, ValidationError
 
 JSON = "application/json"
 TEXT = "text/plain"
+UTF8 = "utf-8"
+BINARY = "binary"  # the content encoding of a body sent as bytes (kombu's name for it)
 # A JSON document nested deeper than this is refused before it is parsed.
 MAX_JSON_DEPTH = 64
 
@@ -61,14 +63,21 @@ def accepted(accept: list[str]) -> frozenset[str]:
     return frozenset(content_type_of(a) for a in accept)
 
 
-def decode_body(raw: bytes, content_type: str, accept: list[str] | frozenset[str], max_bytes: int) -> Any:
-    """Turn the raw body into JSON data or text, refusing anything the port does not accept."""
+def decode_body(raw: bytes, content_type: str, accept: list[str] | frozenset[str], max_bytes: int,
+                encoding: str | None = None) -> Any:
+    """Turn the raw body into JSON data or text, refusing anything the port does not accept.
+
+    A body sent as bytes (content encoding ``binary``) in an accepted type other
+    than JSON or text stays bytes: an image or a PDF is not text.
+    """
     if len(raw) > max_bytes:
         raise InvalidBody(f"body of {len(raw)} bytes is over max_message_bytes ({max_bytes})")
     ctype = content_type_of(content_type)
     types = accept if isinstance(accept, frozenset) else accepted(accept)
     if ctype not in types:
         raise InvalidBody(f"content type {ctype or '(none)'!r} is not accepted (accept: {sorted(types)})")
+    if encoding == BINARY and ctype != TEXT and not ctype.endswith("json"):
+        return raw
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -120,15 +129,28 @@ def validate_body(adapter: TypeAdapter[Any], body: Any) -> Any:
         raise InvalidBody(f"{where}: {first['msg']}{more}") from None
 
 
-def encode_body(body: Any) -> tuple[bytes, str]:
-    """How producers of this package encode: text as text/plain, anything else as JSON."""
-    if isinstance(body, bytes):
-        raise TypeError("send a str (text/plain) or JSON-serialisable data, not bytes")
+def encode_body(body: Any, content_type: str | None = None) -> tuple[bytes, str, str]:
+    """How producers of this package encode: (body bytes, content type, content encoding).
+
+    Text is ``text/plain``, bytes are sent as they are (they need a
+    ``content_type``: nothing can guess one), anything else is JSON. An explicit
+    ``content_type`` labels text or bytes (``application/xml``, ``image/png``);
+    data that is not text or bytes can only be labelled as a JSON type.
+    """
+    if isinstance(body, bytes | bytearray | memoryview):
+        if not content_type:
+            raise TypeError("a bytes body needs a content_type, e.g. content_type='application/octet-stream'")
+        return bytes(body), content_type, BINARY
     if isinstance(body, str):
-        return body.encode("utf-8"), TEXT
+        return body.encode("utf-8"), content_type or TEXT, UTF8
+    if content_type and not content_type_of(content_type).endswith("json"):
+        raise TypeError(
+            f"content_type {content_type!r} needs a str or bytes body; a {type(body).__name__} "
+            "is sent as JSON (leave content_type out, or encode it yourself)"
+        )
     if hasattr(body, "model_dump_json"):
-        return body.model_dump_json().encode("utf-8"), JSON
-    return json.dumps(body, separators=(",", ":"), default=str).encode("utf-8"), JSON
+        return body.model_dump_json().encode("utf-8"), content_type or JSON, UTF8
+    return json.dumps(body, separators=(",", ":"), default=str).encode("utf-8"), content_type or JSON, UTF8
 
 
 def body_hash_id(raw: bytes, routing_key: str) -> str:

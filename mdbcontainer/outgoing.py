@@ -54,14 +54,20 @@ def outgoing(
     message_id: str | None = None,
     reply_to: str | None = None,
     correlation_id: str | None = None,
+    content_type: str | None = None,
 ) -> Outgoing:
-    """Build an outgoing message with the package's defaults; validates priority and ttl."""
+    """Build an outgoing message with the package's defaults; validates priority and ttl.
+
+    ``body``: text (``text/plain``), bytes (with ``content_type``), or data sent
+    as JSON; ``content_type`` labels text or bytes otherwise.
+    """
     if priority is not None and not (isinstance(priority, int) and 0 <= priority <= 9):
         raise ValueError(f"priority must be an integer from 0 to 9, not {priority!r}")
-    data, content_type = encode_body(body)
+    data, ctype, encoding = encode_body(body, content_type)
     props: dict[str, Any] = {
         "message_id": message_id or uuid.uuid4().hex,
-        "content_type": content_type,
+        "content_type": ctype,
+        "content_encoding": encoding,
         "priority": DEFAULT_PRIORITY if priority is None else priority,
         "delivery_mode": DELIVERY_MODE_PERSISTENT if persistent else DELIVERY_MODE_TRANSIENT,
         "timestamp": int(time.time()),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Protocol
 
@@ -38,12 +39,9 @@ from .settings import PortSettings
 
 
 class Sender(Protocol):
-    """What a request needs of its producer: the broker, and a send with ``reply_to``."""
+    """What a request needs of its producer: the broker to open its reply queue on."""
 
     broker: Broker
-
-    def send(self, destination: str, body: Any, *, reply_to: str | None = ...,
-             correlation_id: str | None = ..., **options: Any) -> str: ...
 
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 
@@ -77,12 +75,15 @@ def check_not_in_unit_of_work(destination: str) -> None:
 def wait_for_reply(
     producer: Sender,
     destination: str,
-    body: Any,
+    send: Callable[[str], object],
     seconds: float,
     correlation_id: str,
-    options: dict[str, Any],
 ) -> Message:
-    """Send ``body`` with a temporary reply queue and return the reply (RequestTimeout otherwise)."""
+    """Send the request with a temporary reply queue and return the reply (RequestTimeout otherwise).
+
+    ``send(reply_to)`` publishes the request to ``destination`` with ``reply_to``
+    set and ``correlation_id`` as its correlation id.
+    """
     check_not_in_unit_of_work(destination)
     if seconds <= 0:
         raise ValueError(f"timeout must be positive, not {seconds:g}s")
@@ -95,7 +96,7 @@ def wait_for_reply(
         queue = _temporary_queue(channel)
         replies: list[Delivery] = []
         consumer = _listen(channel, queue, correlation_id, replies)
-        producer.send(destination, body, reply_to=queue, correlation_id=correlation_id, **options)
+        send(queue)
         raw = _wait(conn, replies, seconds)
         if raw is None:
             raise RequestTimeout(
