@@ -99,9 +99,11 @@ def check(config: ConfigOption = None) -> None:
     from .broker import Broker
     from .check import warnings_for
     from .container import bind
+    from .metadata import load_metadata
 
     settings = settings_for(config)
     bindings = guarded(lambda: bind(settings))
+    guarded(lambda: load_metadata(settings))
     caps = Broker(settings).capabilities
     for binding in bindings:
         guarded(partial(check_mode, settings.source, binding.name, binding.settings.acknowledge, caps))

@@ -24,6 +24,7 @@ from .control import Wanted
 from .endpoints import OperationsServer
 from .errors import ListenerError, SettingsError
 from .handlers import HandlerSpec, Invoker, import_listeners
+from .metadata import load_metadata
 from .port import ListenerPort
 from .resources import SharedResources
 from .retry import DEFAULT as RETRY
@@ -93,6 +94,7 @@ class Container:
     def __init__(self, settings: Settings, *, ports: list[str] | None = None) -> None:
         self.settings = settings
         self.bindings = bind(settings, ports)
+        self.metadata = load_metadata(settings)
         self.broker = Broker(settings)
         self.store = Store(settings.container)
         self.resources = SharedResources(settings, self.store, self.broker)
@@ -193,6 +195,10 @@ class Container:
 
         def prepare() -> dict[str, Wanted]:
             self.store.create_tables()
+            if self.metadata is not None:
+                self.metadata.create_all(self.store.engine)
+                log.info("created the missing tables of %s (%d table(s))",
+                         self.settings.container.metadata, len(self.metadata.tables))
             self.resources.control.register()
             return self.resources.control.wanted()
 

@@ -38,6 +38,7 @@ _RESERVED_ENV = {"MDB_SETTINGS", "MDB_REQUIRE_SERVICES", "MDB_CRASH_AT", "MDB_CR
 # behaviour test ran on it, and it does not flag redeliveries, which the counting relies on.
 BROKER_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "embedded"})
 
+_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
@@ -82,6 +83,9 @@ class ContainerSettings(_Strict):
     broker_url: str = "embedded://.mdb/broker.db"
     database_url: str = "sqlite:///.mdb/container.db"
     listeners: list[str] = Field(default_factory=list)
+    # "module:attribute" of the application's SQLAlchemy MetaData (or declarative Base):
+    # its missing tables are created at start (development; production migrates).
+    metadata: str | None = None
     dead_letter_queue: str = "SYSTEM.DEAD.LETTER.QUEUE"
     dedup_retention: Duration = timedelta(days=7)
     shutdown_timeout: Duration = timedelta(seconds=30)
@@ -105,6 +109,15 @@ class ContainerSettings(_Strict):
             raise ValueError(
                 f"{scheme + '://' if scheme else 'a URL without a scheme'} is not a broker this "
                 "package runs on: use amqp:// or amqps:// (RabbitMQ), or embedded://PATH"
+            )
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _module_attribute(cls, value: str | None) -> str | None:
+        if value is not None and not _REFERENCE.match(value):
+            raise ValueError(
+                f"{value!r} is not 'module:attribute', e.g. 'app.models:Base.metadata'"
             )
         return value
 

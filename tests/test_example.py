@@ -29,6 +29,7 @@ def test_example_settings_run_the_sample_listeners(tmp_path: Path) -> None:
 
     assert mdb("check").returncode == 0
     with ContainerProcess(settings, cwd=tmp_path, env=env) as container:
+        assert "created the missing tables of listeners.orders:Base" in container.output()
         sent = mdb("send", "ORDERS", '{"order_id": 1, "amount": "9.99"}', "--id", "order-1")
         assert sent.returncode == 0, sent.stderr
         wait_for(lambda: "order 1 placed (9.99)" in container.output(), what="the order")

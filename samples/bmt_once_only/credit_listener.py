@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 from sqlalchemy import Integer, String
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from mdbcontainer import MessageContext, message_driven
 
@@ -29,7 +29,8 @@ CRASHED_ONCE = Path(".mdb/crashed-once")
 
 
 class Base(DeclarativeBase):
-    pass
+    """The sample's tables: settings.toml names it as container.metadata, so the container
+    creates them at start (a real service migrates them with Alembic)."""
 
 
 class Credit(Base):
@@ -56,7 +57,6 @@ class CreditBean:
 
     def on_message(self, transfer: Transfer, ctx: MessageContext) -> None:
         with ctx.transaction() as session:
-            create_table(session)
             session.add(Credit(account=transfer.account, amount=transfer.amount,
                                message_id=ctx.message.id))
         self.credited += 1
@@ -67,7 +67,3 @@ class CreditBean:
             log.warning("power cut: the transaction committed, the acknowledgment never leaves")
             os.kill(os.getpid(), signal.SIGKILL)
 
-
-def create_table(session: Session) -> None:
-    """The sample's table, created on first use (a real service migrates it with Alembic)."""
-    Base.metadata.create_all(session.connection())
