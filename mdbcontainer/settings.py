@@ -43,8 +43,11 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
-def parse_duration(value: Any) -> Any:
-    """Turn ``"500ms"``, ``"30s"``, ``"5m"``, ``"7d"`` (or seconds as a number) into a timedelta."""
+def parse_duration(value: timedelta | str | float) -> timedelta:
+    """Turn ``"500ms"``, ``"30s"``, ``"5m"``, ``"7d"`` (or seconds as a number) into a timedelta.
+
+    Raises ValueError, naming the value, for anything else (a bool included).
+    """
     if isinstance(value, timedelta):
         return value
     if isinstance(value, bool):
@@ -151,8 +154,15 @@ TransactionAttribute = Literal["Required", "RequiresNew", "NotSupported"]
 AcknowledgeMode = Literal["auto", "client", "dups_ok", "transacted"]
 
 
-class PortSettings(_Strict):
-    """``[ports.NAME]``: a listener port, the consumers that feed one handler."""
+class PortFields(_Strict):
+    """The keys of a ``[ports.NAME]`` table, each checked for its type alone.
+
+    This is what the file (and the environment) says of a port: a layer laid
+    over the defaults of its ``@message_driven`` decorator, so the rules that
+    tie keys together (exactly one of destination and topic, ...) wait for
+    :class:`PortSettings`, which validates the merged result at bind time.
+    ``model_fields_set`` tells which keys the file set.
+    """
 
     destination: str | None = None
     topic: str | None = None
@@ -170,6 +180,18 @@ class PortSettings(_Strict):
     subscription: str | None = None
     durable: bool = False
     autostart: bool = True
+
+    def overrides(self) -> dict[str, Any]:
+        """Only the keys the table set, as they would be written in it."""
+        return self.model_dump(exclude_unset=True)
+
+
+class PortSettings(PortFields):
+    """``[ports.NAME]``: a listener port, the consumers that feed one handler.
+
+    Its keys are those of :class:`PortFields`, after decorator defaults and the
+    table are merged, and checked together.
+    """
 
     @model_validator(mode="after")
     def _coherent(self) -> PortSettings:
@@ -234,8 +256,9 @@ class Settings(BaseSettings):
     container: ContainerSettings = Field(default_factory=ContainerSettings)
     queues: dict[str, QueueSettings] = Field(default_factory=dict)
     topics: dict[str, TopicSettings] = Field(default_factory=dict)
-    # Raw tables: a port is validated at bind time, merged over its decorator's defaults.
-    ports: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Each table's keys, typed; the port as a whole is validated at bind time, merged
+    # over its decorator's defaults (PortSettings).
+    ports: dict[str, PortFields] = Field(default_factory=dict)
 
     source: str = Field(default="<defaults>", exclude=True)
 
@@ -275,12 +298,13 @@ class Settings(BaseSettings):
         """
         named = {*self.queues, *self.backout_queues()}
         named |= {q.expiry_queue for q in self.queues.values() if q.expiry_queue}
-        named |= {str(table["destination"]) for table in self.ports.values() if table.get("destination")}
+        named |= {table.destination for table in self.ports.values() if table.destination}
         return name in named
 
     def port_overrides(self, name: str) -> dict[str, Any]:
         """The keys the file (and environment) set for port ``name``, to lay over decorator defaults."""
-        return dict(self.ports.get(name) or {})
+        table = self.ports.get(name)
+        return table.overrides() if table is not None else {}
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
@@ -363,7 +387,7 @@ def describe_error(source: str, exc: ValidationError) -> str:
     parts = []
     for error in exc.errors():
         loc = tuple(str(p) for p in error["loc"] if not str(p).startswith("function-"))
-        loc = tuple(p for p in loc if p not in {"PortSettings", "dict[str,any]"})
+        loc = tuple(p for p in loc if p not in {"PortSettings", "PortFields", "dict[str,any]"})
         where = ".".join(loc) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
