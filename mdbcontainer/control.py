@@ -87,9 +87,16 @@ class Control:
         with self.store.engine.begin() as conn:
             conn.execute(stmt)
 
-    def live(self, now: datetime | None = None) -> list[dict[str, Any]]:
-        """Every port of every running container (heartbeat fresher than STALE_AFTER)."""
-        cutoff = (now or utcnow()) - STALE_AFTER
+    def live(self, now: datetime | None = None, *,
+             control_interval: timedelta | None = None) -> list[dict[str, Any]]:
+        """Every port of every running container: its heartbeat is fresh.
+
+        Fresh is younger than three heartbeats of ``control_interval`` (the
+        settings'), and never less than STALE_AFTER, so that a container
+        polling slowly does not vanish from ``mdb ports`` between heartbeats.
+        """
+        stale = max(STALE_AFTER, 3 * control_interval) if control_interval else STALE_AFTER
+        cutoff = (now or utcnow()) - stale
         with self.store.engine.connect() as conn:
             rows = conn.execute(
                 select(self.containers).where(self.containers.c.heartbeat_at >= cutoff)

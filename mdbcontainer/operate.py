@@ -23,7 +23,7 @@ def _store(settings: Settings) -> Store:
 
 
 def show_ports(settings: Settings, as_json: bool) -> None:
-    rows = Control(_store(settings)).live()
+    rows = Control(_store(settings)).live(control_interval=settings.container.control_interval)
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return

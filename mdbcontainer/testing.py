@@ -119,7 +119,8 @@ class ContainerProcess:
         """This process's ports as ``mdb ports --json`` shows them."""
         store = self._store()
         try:
-            return [r for r in Control(store).live() if r["container"].split(":")[-2] == str(self.pid)]
+            rows = Control(store).live(control_interval=self.settings.container.control_interval)
+            return [r for r in rows if r["container"].split(":")[-2] == str(self.pid)]
         except Exception:
             return []
         finally:

@@ -134,7 +134,7 @@ class Sampler:
     def take(self) -> Sample:
         sample = Sample(rows=self.latest.rows, depths=self.latest.depths)
         try:
-            sample.rows = Control(self.store).live()
+            sample.rows = Control(self.store).live(control_interval=self.settings.container.control_interval)
         except Exception as exc:
             sample.problems.append(f"database: {describe(exc)} (rows as last read)")
         queues = sorted({q for q in map(queue_of, sample.rows) if q} | set(self.backout_queues()))

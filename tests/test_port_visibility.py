@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 
-from mdbcontainer.testing import wait_for
+from mdbcontainer.control import Control
+from mdbcontainer.settings import load_settings
+from mdbcontainer.store import Store, utcnow
+from mdbcontainer.testing import wait_for, write_settings
 from tests.conftest import Backend
 from tests.test_cli import mdb
 
@@ -50,3 +56,26 @@ def test_ports_show_the_container_when_it_logs_its_start_and_each_state_change(
         [row] = ports_json(backend, settings)
         assert row["state"] == "stopped" and "maximum retries" in str(row["reason"])
         assert time.monotonic() - began < 20, "both changes seen well within one control_interval"
+
+
+def test_a_container_polling_slowly_stays_listed_between_its_heartbeats(tmp_path: Path) -> None:
+    """Fresh is three heartbeats of control_interval (at least 10s): with "30s", a heartbeat
+    taken 15s ago is a running container, not a gone one."""
+
+    def settings(interval: str) -> Path:
+        return write_settings(tmp_path / f"settings-{interval}.toml", {"container": {
+            "broker_url": f"embedded://{tmp_path / 'b.db'}", "listeners": [],
+            "database_url": f"sqlite:///{tmp_path / 'd.db'}", "control_interval": interval}})
+
+    slow, fast = settings("30s"), settings("1s")
+    store = Store(load_settings(slow, environ={}).container)
+    store.create_tables()
+    control = Control(store)
+    control.register()
+    control.heartbeat([{"port": "Slow", "state": "started"}])
+    with store.engine.begin() as conn:
+        conn.execute(update(store.tables.container).values(heartbeat_at=utcnow() - timedelta(seconds=15)))
+    store.dispose()
+    listed = json.loads(mdb("ports", "--json", "-c", str(slow)).stdout)
+    assert [row["port"] for row in listed] == ["Slow"]
+    assert json.loads(mdb("ports", "--json", "-c", str(fast)).stdout) == [], "1s: 15s is stale"
