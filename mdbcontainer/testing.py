@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,27 @@ def _value(value: Any) -> str:
 def write_settings(path: Path, data: dict[str, Any]) -> Path:
     path.write_text(dump_toml(data), encoding="utf-8")
     return path
+
+
+def mdb(*args: str, settings: Path | None = None, env: Mapping[str, str] | None = None,
+        cwd: Path | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """``mdb ARGS -c SETTINGS`` in a second process, as a user types it; exit code and output kept.
+
+    ``env`` is added to this process's environment. The command runs in ``cwd``,
+    by default the settings' directory, as :class:`ContainerProcess` does, so a
+    relative path in the settings names the same file for both.
+    """
+    command = [sys.executable, "-m", "mdbcontainer", *args]
+    if settings is not None:
+        command += ["-c", str(settings)]
+        cwd = cwd or Path(settings).parent
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def headers_of(message: Any) -> dict[str, Any]:
+    """The application headers of a message taken with :meth:`QueueProbe.take_all` (``x-mdb-*``)."""
+    return dict(message.headers or message.properties.get("application_headers") or {})
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.1,

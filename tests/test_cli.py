@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from mdbcontainer.testing import write_settings
-from tests.conftest import ROOT
-
-
-def mdb(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args], capture_output=True, text=True,
-        cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=60,
-    )
-
-
-def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[0]
+from mdbcontainer.testing import mdb, write_settings
+from tests.conftest import CHILD_ENV, one_line_error
 
 
 @pytest.fixture
@@ -40,7 +23,7 @@ def good(tmp_path: Path) -> Path:
 
 
 def test_check_accepts_good_settings(good: Path) -> None:
-    result = mdb("check", "-c", str(good))
+    result = mdb("check", settings=good, env=CHILD_ENV)
     assert result.returncode == 0, result.stderr
     assert "ok: 1 port(s) (Work)" in result.stdout
 
@@ -51,11 +34,11 @@ def test_check_warns_about_risky_poison_settings(tmp_path: Path) -> None:
         "queues": {"WORK": {"backout_threshold": 0}},
         "ports": {"Work": {"destination": "WORK"}},
     })
-    result = mdb("check", "-c", str(path))
+    result = mdb("check", settings=path, env=CHILD_ENV)
     assert result.returncode == 0
     assert "backout_threshold = 0 never backs a message out" in result.stderr
     path.write_text(path.read_text().replace("backout_threshold = 0", "backout_threshold = 5"))
-    result = mdb("check", "-c", str(path))
+    result = mdb("check", settings=path, env=CHILD_ENV)
     assert "max_retries = 0 < backout_threshold = 5: the port stops before" in result.stderr
 
 
@@ -77,7 +60,7 @@ def test_bad_settings_exit_2_with_one_line(tmp_path: Path, text: str, expected: 
     path = tmp_path / "settings.toml"
     path.write_text(text)
     for command in (["check"], ["run"]):
-        result = mdb(*command, "-c", str(path))
+        result = mdb(*command, settings=path, env=CHILD_ENV)
         assert result.returncode == 2, (command, result.stderr)
         line = one_line_error(result)
         assert expected in line
@@ -87,29 +70,29 @@ def test_bad_settings_exit_2_with_one_line(tmp_path: Path, text: str, expected: 
 def test_listener_that_fails_inside_its_import_is_told_apart(tmp_path: Path) -> None:
     (tmp_path / "broken_listener.py").write_text("import no_such_dependency\n")
     path = write_settings(tmp_path / "settings.toml", {"container": {"listeners": ["broken_listener"]}})
-    line = one_line_error(mdb("check", "-c", str(path), cwd=tmp_path))
+    line = one_line_error(mdb("check", settings=path, env=CHILD_ENV))
     assert "listener module 'broken_listener' failed to import" in line
     assert "no_such_dependency" in line
 
 
 def test_send_rejects_a_body_that_is_not_json(good: Path) -> None:
-    result = mdb("send", "WORK", "{not json", "-c", str(good))
+    result = mdb("send", "WORK", "{not json", settings=good, env=CHILD_ENV)
     assert result.returncode == 2
     assert "BODY is not JSON" in one_line_error(result)
 
 
 def test_send_rejects_bad_options(good: Path) -> None:
-    assert mdb("send", "WORK", "{}", "--priority", "12", "-c", str(good)).returncode == 2
-    result = mdb("send", "WORK", "{}", "--ttl", "soon", "-c", str(good))
+    assert mdb("send", "WORK", "{}", "--priority", "12", settings=good, env=CHILD_ENV).returncode == 2
+    result = mdb("send", "WORK", "{}", "--ttl", "soon", settings=good, env=CHILD_ENV)
     assert result.returncode == 2 and "--ttl" in one_line_error(result)
-    result = mdb("send", "WORK", "{}", "-H", "novalue", "-c", str(good))
+    result = mdb("send", "WORK", "{}", "-H", "novalue", settings=good, env=CHILD_ENV)
     assert result.returncode == 2 and "key=value" in one_line_error(result)
 
 
 def test_send_reads_body_from_file_and_prints_ids(good: Path, tmp_path: Path) -> None:
     (tmp_path / "body.json").write_text('{"n": 1}')
     result = mdb("send", "WORK", "@" + str(tmp_path / "body.json"), "--id", "m", "--count", "3",
-                 "-c", str(good))
+                 settings=good, env=CHILD_ENV)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["m-1", "m-2", "m-3"]
 
@@ -119,7 +102,7 @@ def test_unreachable_broker_is_exit_1_without_the_password(tmp_path: Path) -> No
         "broker_url": "amqp://guest:topsecret@127.0.0.1:1//", "connect_timeout": "1s",
         "listeners": [],
     }})
-    result = mdb("send", "Q", "{}", "-c", str(path))
+    result = mdb("send", "Q", "{}", settings=path, env=CHILD_ENV)
     assert result.returncode == 1
     line = one_line_error(result)
     assert "not reachable within 1s" in line
@@ -127,7 +110,7 @@ def test_unreachable_broker_is_exit_1_without_the_password(tmp_path: Path) -> No
 
 
 def test_help_explains_each_option() -> None:
-    result = mdb("send", "--help")
+    result = mdb("send", "--help", env=CHILD_ENV)
     assert result.returncode == 0
     for option in ("--priority", "--ttl", "--non-persistent", "--id", "--header", "--reply-to",
                    "--correlation-id", "--count"):
@@ -150,6 +133,6 @@ def test_check_refuses_a_mode_the_embedded_broker_cannot_provide(tmp_path: Path)
                       "database_url": f"sqlite:///{tmp_path / 'd.db'}"},
         "ports": {"Work": {"destination": "W", "transaction": "none", "acknowledge": "transacted"}},
     })
-    result = mdb("check", "-c", str(path))
+    result = mdb("check", settings=path, env=CHILD_ENV)
     assert result.returncode == 2
     assert "ports.Work.acknowledge: 'transacted' needs AMQP channel transactions" in one_line_error(result)

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -21,22 +18,12 @@ import pytest
 from sqlalchemy import delete
 
 from mdbcontainer.broker import Broker, Publisher
-from mdbcontainer.testing import wait_for, write_settings
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import mdb, wait_for, write_settings
+from tests.conftest import Backend, one_line_error
 
 pytestmark = pytest.mark.slow
 
 BINARY = b"\xff\xfe\x00binary"
-
-
-def mdb(*args: str, settings: Path, env: dict[str, str] | None = None,
-        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would, from a second process."""
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-        capture_output=True, text=True, env={**os.environ, **(env or {}), **(extra_env or {})},
-        cwd=ROOT, timeout=60,
-    )
 
 
 def listed(backend: Backend, settings: Path, *queue: str) -> list[dict[str, Any]]:
@@ -45,13 +32,6 @@ def listed(backend: Backend, settings: Path, *queue: str) -> list[dict[str, Any]
     data = json.loads(result.stdout)
     assert isinstance(data, list)
     return data
-
-
-def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
-    assert result.returncode == code, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def publish_raw(backend: Backend, settings: Path, queue: str, message_id: str, body: bytes,
@@ -115,7 +95,7 @@ def test_list_and_show_browse_without_consuming(backend: Backend) -> None:
     assert binary["body_encoding"] == "base64"
     assert base64.b64decode(binary["body"]) == BINARY
 
-    table = mdb("dlq", "list", settings=settings, env=backend.env, extra_env={"COLUMNS": "250"})
+    table = mdb("dlq", "list", settings=settings, env={**backend.env, "COLUMNS": "250"})
     assert table.returncode == 0, table.stderr
     for expected in ("failing", "rolled-back", "text-body", "binary-body",
                      "RuntimeError: poison message 1", "invalid-body"):
@@ -196,8 +176,8 @@ def test_replay_killed_between_confirm_and_ack_duplicates_and_loses_nothing(
         for n in range(3):
             producer.send(dlq, {"n": n}, message_id=f"dead-{n}")
 
-    crashed = mdb("dlq", "replay", "--all", "--to", parked, settings=settings, env=backend.env,
-                  extra_env={"MDB_CRASH_AT": "mid-replay:2"})  # SIGKILL after the 2nd confirm
+    crashed = mdb("dlq", "replay", "--all", "--to", parked, settings=settings,
+                  env={**backend.env, "MDB_CRASH_AT": "mid-replay:2"})  # SIGKILL after the 2nd confirm
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     probe = backend.probe(settings)
     wait_for(lambda: probe.count(dlq) == 2, what="the unacknowledged original back on the DLQ")

@@ -5,35 +5,22 @@ from __future__ import annotations
 import socket
 import time
 import urllib.request
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from mdbcontainer.producer import Outgoing, outgoing
-from mdbcontainer.testing import wait_for
-from tests.apps.jms import records, run_mdb
-from tests.conftest import Backend
+from mdbcontainer.testing import headers_of, mdb, wait_for
+from tests.apps.jms import records
+from tests.conftest import Backend, jms_settings
 
 pytestmark = pytest.mark.slow
 
 
-def jms_settings(backend: Backend, queue: str, queues: dict[str, Any] | None = None, **port: Any) -> Path:
-    return backend.write(
-        ports={"Jms": {"destination": queue, "transaction": "none", **port}},
-        queues=queues or {queue: {}}, listeners=["tests.apps.jms"],
-    )
-
-
-def headers_of(message: Any) -> dict[str, Any]:
-    return dict(message.headers or message.properties.get("application_headers") or {})
-
-
 def test_messages_are_persistent_with_priority_4_unless_told_otherwise(backend: Backend) -> None:
     queue = backend.q("PERSIST")
-    settings = jms_settings(backend, queue)
+    settings = jms_settings(backend, queue, transaction="none")
     for body, flags in (('{"n": 1}', []), ('{"n": 2}', ["--non-persistent", "--priority", "7"])):
-        result = run_mdb("send", queue, body, *flags, settings=settings, env=backend.env)
+        result = mdb("send", queue, body, *flags, settings=settings, env=backend.env)
         assert result.returncode == 0, result.stderr
     with backend.container(settings):
         wait_for(lambda: len(records(backend.log)) == 2, what="both messages")
@@ -43,7 +30,8 @@ def test_messages_are_persistent_with_priority_4_unless_told_otherwise(backend: 
 
 def test_higher_priorities_are_delivered_first_when_messages_wait_together(backend: Backend) -> None:
     queue = backend.q("PRIO")
-    settings = jms_settings(backend, queue, queues={queue: {"max_priority": 9}}, prefetch=1)
+    settings = jms_settings(backend, queue, queues={queue: {"max_priority": 9}}, transaction="none",
+                            prefetch=1)
     sent = [("a", 1), ("b", 9), ("c", None), ("d", 0), ("e", 7), ("f", 9), ("g", 4)]
     with backend.producer(settings) as producer:  # no container runs: they wait together
         for n, priority in sent:
@@ -104,7 +92,7 @@ def test_expired_messages_never_reach_the_handler_and_go_to_the_expiry_queue(bac
 
 def test_without_an_expiry_queue_expired_messages_are_dropped(backend: Backend) -> None:
     queue = backend.q("TTL")
-    settings = jms_settings(backend, queue)
+    settings = jms_settings(backend, queue, transaction="none")
     with backend.producer(settings) as producer:
         producer.send(queue, {"n": "ttl"}, ttl="500ms", message_id="ttl")
         producer.send(queue, {"n": "fresh"}, message_id="fresh")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from mdbcontainer.testing import ContainerProcess, wait_for
+from mdbcontainer.testing import ContainerProcess, mdb, wait_for
 from tests.conftest import ROOT, Backend
 
 pytestmark = pytest.mark.slow
@@ -92,10 +90,7 @@ def test_port_stop_and_start_act_on_every_replica(backend: Backend) -> None:
     queue = backend.q("FLEET")
     settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}})
     with backend.container(settings) as one, backend.container(settings, log_path=backend.tmp / "two.log") as two:
-        result = subprocess.run(
-            [sys.executable, "-m", "mdbcontainer", "ports", "--json", "-c", str(settings)],
-            capture_output=True, text=True, cwd=ROOT, timeout=60,
-        )
+        result = mdb("ports", "--json", settings=settings, env=backend.env)
         import json
 
         rows = json.loads(result.stdout)
@@ -104,8 +99,7 @@ def test_port_stop_and_start_act_on_every_replica(backend: Backend) -> None:
         assert set(rows[0]) >= {"container", "port", "destination", "state", "reason",
                                 "consecutive_failures", "delivered", "failed", "backed_out",
                                 "expired", "since"}
-        stop = subprocess.run([sys.executable, "-m", "mdbcontainer", "port", "stop", "Work",
-                               "-c", str(settings)], capture_output=True, text=True, cwd=ROOT)
+        stop = mdb("port", "stop", "Work", settings=settings, env=backend.env)
         assert stop.returncode == 0, stop.stderr
         for replica in (one, two):
             wait_for(lambda r=replica: (r.port_state("Work") or {}).get("state") == "stopped",
@@ -114,8 +108,8 @@ def test_port_stop_and_start_act_on_every_replica(backend: Backend) -> None:
             producer.send(queue, {"n": 1}, message_id="while-stopped")
         time.sleep(1)
         assert backend.effects() == {}, "a stopped port consumes nothing"
-        subprocess.run([sys.executable, "-m", "mdbcontainer", "port", "start", "Work",
-                        "-c", str(settings)], check=True, capture_output=True, cwd=ROOT)
+        start = mdb("port", "start", "Work", settings=settings, env=backend.env)
+        assert start.returncode == 0, start.stderr
         wait_for(lambda: backend.effects() == {"while-stopped": 1}, timeout=5, what="restart")
         for replica in (one, two):
             wait_for(lambda r=replica: r.port_state("Work")["state"] == "started", timeout=5,
@@ -155,8 +149,7 @@ def test_database_unreachable_at_start_is_retried_and_cli_says_so_in_one_line(ba
         assert container.terminate() == 0
     finally:
         container.kill()
-    result = subprocess.run([sys.executable, "-m", "mdbcontainer", "ports", "-c", str(settings)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    result = mdb("ports", settings=settings, env=backend.env)
     assert result.returncode == 1
     assert result.stderr.startswith("mdb: error: database: OperationalError")
     assert len(result.stderr.strip().splitlines()) == 1 and ":pw@" not in result.stderr

@@ -6,36 +6,20 @@ listener port's Maximum retries and the queue's backout threshold.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from mdbcontainer.testing import wait_for
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import headers_of, mdb, wait_for
+from tests.conftest import Backend
 
 pytestmark = pytest.mark.slow
-
-
-def mdb(*args: str, settings: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would, from a second process."""
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-        capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT, timeout=60,
-    )
 
 
 def send_all(backend: Backend, settings: Path, queue: str, bodies: list[tuple[str, dict]]) -> None:
     with backend.producer(settings) as producer:
         for message_id, body in bodies:
             producer.send(queue, body, message_id=message_id)
-
-
-def headers_of(message) -> dict:
-    return dict(message.headers or message.properties.get("application_headers") or {})
 
 
 def test_defaults_stop_the_port_at_each_failure_and_back_out_after_five(backend: Backend) -> None:

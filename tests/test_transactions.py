@@ -16,7 +16,7 @@ from sqlalchemy import exc as sa_exc
 
 from mdbcontainer.broker import Broker
 from mdbcontainer.store import Tables
-from mdbcontainer.testing import wait_for
+from mdbcontainer.testing import headers_of, wait_for
 from mdbcontainer.transactions import is_infrastructure
 from tests.conftest import Backend
 
@@ -33,10 +33,6 @@ def send_all(backend: Backend, settings: Path, queue: str, bodies: list[tuple[st
     with backend.producer(settings) as producer:
         for message_id, body in bodies:
             producer.send(queue, body, message_id=message_id)
-
-
-def headers_of(message: Any) -> dict[str, Any]:
-    return dict(message.headers or message.properties.get("application_headers") or {})
 
 
 def counts_of(backend: Backend, message_id: str) -> list[int]:
