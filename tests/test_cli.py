@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import kombu
 import pytest
 
 from mdbcontainer.testing import mdb, write_settings
-from tests.conftest import CHILD_ENV, one_line_error
+from tests.conftest import CHILD_ENV, RABBITMQ_URL, Backend, one_line_error
 
 
 @pytest.fixture
@@ -136,3 +137,59 @@ def test_check_refuses_a_mode_the_embedded_broker_cannot_provide(tmp_path: Path)
     result = mdb("check", settings=path, env=CHILD_ENV)
     assert result.returncode == 2
     assert "ports.Work.acknowledge: 'transacted' needs AMQP channel transactions" in one_line_error(result)
+
+
+@pytest.mark.rabbitmq
+def test_a_refused_login_is_one_line_exit_1_without_the_password(rabbit: Backend) -> None:
+    """Contract 5: a broker that cannot be reached is exit 1 and one line; a wrong password too."""
+    bad = RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw")
+    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}}, broker_url=bad,
+                            connect_timeout="2s")
+    for args in (("send", rabbit.q("Q"), "{}"), ("dlq", "list")):
+        result = mdb(*args, settings=settings, env=rabbit.env)
+        line = one_line_error(result)
+        assert result.returncode == 1, result.stderr
+        assert "s3cret-pw" not in result.stderr + result.stdout
+        assert "ACCESS_REFUSED" in line and "guest:***@" in line
+
+
+@pytest.mark.rabbitmq
+def test_a_queue_declare_the_broker_refuses_is_one_line_exit_1(rabbit: Backend) -> None:
+    """A queue that exists with other arguments (PRECONDITION_FAILED) is a reported failure."""
+    queue = rabbit.q("PRIO")
+    with kombu.Connection(RABBITMQ_URL) as conn:
+        conn.channel().queue_declare(queue=queue, durable=True, auto_delete=False,
+                                     arguments={"x-max-priority": 5})
+    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}})
+    result = mdb("send", queue, "{}", settings=settings, env=rabbit.env)
+    line = one_line_error(result)
+    assert result.returncode == 1
+    assert queue in line and "PRECONDITION_FAILED" in line
+
+
+def test_an_unknown_port_name_is_bad_usage_exit_2(tmp_path: Path) -> None:
+    """Contract 5: exit 2 for a bad argument, as ``mdb run --port NAME`` already does."""
+    settings = write_settings(tmp_path / "settings.toml", {
+        "container": {
+            "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+            "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "listeners": ["tests.apps.work"],
+        },
+        "ports": {"Work": {"destination": "WORK"}},
+    })
+    for verb in ("start", "stop"):
+        result = mdb("port", verb, "Wrok", settings=settings, env=CHILD_ENV)
+        line = one_line_error(result)
+        assert result.returncode == 2, result.stderr
+        assert "'Wrok'" in line and "Work" in line
+
+
+def test_a_ttl_that_is_not_positive_is_bad_usage_exit_2(tmp_path: Path) -> None:
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+    }})
+    result = mdb("send", "Q", "{}", "--ttl", "0s", settings=settings, env=CHILD_ENV)
+    line = one_line_error(result)
+    assert result.returncode == 2
+    assert "--ttl" in line

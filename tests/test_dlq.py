@@ -230,3 +230,51 @@ def test_unreachable_broker_fails_in_one_line_without_the_password(
     line = one_line_error(result, 1)
     assert "127.0.0.1:1" in line and "not reachable" in line
     assert "s3cret" not in result.stderr + result.stdout
+
+
+def test_a_message_the_handler_moved_is_handled_again_when_replayed(backend: Backend) -> None:
+    """Contract 2 and 5: ``ctx.move_to`` counts as handled, so the dedup row of the message
+    commits with the move; ``mdb dlq replay`` must still bring the message back to its
+    handler, not have it acknowledged as a duplicate of the delivery that moved it."""
+    queue, dlq = backend.q("Q"), backend.q("DLQ")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    with backend.container(settings):
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "move", "to": dlq}, message_id="parked")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="the move")
+        result = mdb("dlq", "replay", "parked", settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: len([a for a in backend.attempts() if a[1] == "parked"]) == 2,
+                 what="the replayed copy to reach the handler")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="moved again")
+
+
+def test_a_replay_killed_mid_way_and_run_again_still_applies_a_backed_out_message_once(
+    backend: Backend,
+) -> None:
+    """The replay's crash window (confirmed copy, original not yet acknowledged) duplicates the
+    copy; the dedup row of the first copy must absorb the second (README, dlq.py)."""
+    queue, dlq = backend.q("Q"), backend.q("DLQ")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 1}})
+    keys = backend.metadata.tables[f"{backend.schema}.unique_keys" if backend.schema
+                                   else "unique_keys"]
+    with backend.engine.begin() as conn:  # the data fault that makes the message fail at commit
+        conn.execute(keys.insert().values(key="always-the-same"))
+    with backend.container(settings):
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "constraint"}, message_id="m")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="the backout")
+        with backend.engine.begin() as conn:
+            conn.execute(keys.delete())
+        crashed = mdb("dlq", "replay", "m", settings=settings,
+                      env={**backend.env, "MDB_CRASH_AT": "mid-replay"})
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+        wait_for(lambda: backend.effects() == {"m": 1}, what="the first copy handled")
+        result = mdb("dlq", "replay", "m", settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: backend.probe(settings).count(queue) == 0 and
+                 len([a for a in backend.attempts() if a[1] == "m"]) >= 2,
+                 what="the second copy consumed")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 0, what="the DLQ empty")
+    assert backend.effects() == {"m": 1}

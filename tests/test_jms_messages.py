@@ -6,12 +6,13 @@ import socket
 import time
 import urllib.request
 
+import kombu
 import pytest
 
 from mdbcontainer.producer import Outgoing, outgoing
 from mdbcontainer.testing import headers_of, mdb, wait_for
 from tests.apps.jms import records
-from tests.conftest import Backend, jms_settings
+from tests.conftest import RABBITMQ_URL, Backend, jms_settings
 
 pytestmark = pytest.mark.slow
 
@@ -102,3 +103,23 @@ def test_without_an_expiry_queue_expired_messages_are_dropped(backend: Backend) 
         wait_for(lambda: backend.probe(settings).count(queue) == 0, what="an empty queue")
     assert [r["n"] for r in records(backend.log)] == ["fresh"]
     assert backend.probe(settings).count(backend.q("DLQ")) == 0
+
+
+@pytest.mark.rabbitmq
+def test_a_message_without_delivery_mode_is_not_persistent(rabbit: Backend) -> None:
+    """Contract 2: ``persistent``. AMQP without a delivery_mode is transient (RabbitMQ keeps it
+    in memory only), so a producer from elsewhere that sets none must not read as persistent."""
+    import amqp
+
+    queue = rabbit.q("Q")
+    settings = jms_settings(rabbit, queue, transaction="none")
+    with rabbit.container(settings):
+        with rabbit.producer(settings) as producer:
+            producer.send(queue, {"n": 1}, message_id="ours")
+            producer.send(queue, {"n": 2}, message_id="ours-transient", persistent=False)
+        with kombu.Connection(RABBITMQ_URL) as conn:
+            raw = amqp.Message(b'{"n": 3}', content_type="application/json", message_id="foreign")
+            conn.default_channel.basic_publish(raw, exchange="", routing_key=queue)
+        wait_for(lambda: len(records(rabbit.log)) == 3, what="three deliveries")
+    persistent = {row["id"]: row["persistent"] for row in records(rabbit.log)}
+    assert persistent == {"ours": True, "ours-transient": False, "foreign": False}

@@ -122,3 +122,15 @@ def test_passwords_never_appear_in_any_output(rabbit: Backend) -> None:
     assert RABBIT_PASSWORD not in everything
     assert PG_PASSWORD not in everything
     assert f"{RABBIT_USER}:***@" in everything
+
+
+def test_the_exception_kept_in_x_mdb_exception_masks_passwords() -> None:
+    """Contract 3: secrets never appear in errors; x-mdb-exception is printed by mdb dlq show."""
+    from mdbcontainer.backout import exception_text
+
+    try:
+        raise RuntimeError("cannot reach https://svc:hunter2@api.example/ (password=hunter2)")
+    except RuntimeError as exc:
+        text = exception_text(exc)
+    assert "hunter2" not in text
+    assert "RuntimeError: cannot reach https://svc:***@api.example/" in text

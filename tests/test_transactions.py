@@ -245,3 +245,37 @@ def test_postgres_errors_are_classified_by_sqlstate() -> None:
         assert is_infrastructure(deadlock.value), "a deadlock passes on retry"
     finally:
         engine.dispose()
+
+
+def test_an_outbox_send_to_a_topic_nobody_subscribes_leaves_and_is_dropped(backend: Backend) -> None:
+    """Contract 4: a publish to a topic is confirmed, not mandatory: with no subscription the
+    message is dropped. The outbox must not keep it because the topic was never declared."""
+    queue, topic = backend.q("Q"), backend.q("events")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}},
+                             topics={topic: {}})
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "send", "to": topic}, message_id="m1")
+        wait_for(lambda: backend.effects() == {"m1": 1}, what="the handler's work")
+        wait_for(lambda: outbox_backlog(backend) == 0, timeout=10, what="the outbox row to leave")
+        output = container.output()
+    assert "deferred" not in output and "not published" not in output, output
+
+
+def test_a_handler_sql_error_is_a_failed_delivery_not_a_database_outage(backend: Backend) -> None:
+    """Contract 4: the handler raised, so the delivery failed and counts. SQLite reports a
+    missing table as OperationalError, the class of lost connections; it must not be
+    waited out as an outage forever, never counted and never backed out."""
+    queue = backend.q("Q")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 2}})
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"action": "badsql"}, message_id="bad")
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, timeout=15,
+                 what="the message backed out after two failed deliveries")
+        output = container.output()
+    assert "database unavailable" not in output, output
+    assert [a[3] for a in backend.attempts()] == [0, 1]
+    dead = backend.probe(settings).take_all(backend.q("DLQ"))
+    assert "no_such_table" in dict(dead[0].headers)["x-mdb-exception"]
