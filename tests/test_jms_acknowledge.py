@@ -127,7 +127,8 @@ def test_transacted_sends_and_receive_roll_back_and_commit_as_one(rabbit: Backen
     send(rabbit, settings, queue, [{"n": 1, "action": "send", "to": [out1, out2], "then_fail": True}])
     with rabbit.container(settings):
         wait_for(lambda: len(seen(rabbit)) == 2, what="a rollback, then a commit")
-        wait_for(lambda: rabbit.probe(settings).count(out2) == 1, what="the committed sends")
+        probe = rabbit.probe(settings)  # the first send declares the queues
+        wait_for(lambda: probe.exists(out2) and probe.count(out2) == 1, what="the committed sends")
     assert [r["count"] for r in records(rabbit.log)] == [0, 1], "the rollback redelivered it"
     probe = rabbit.probe(settings)
     assert [m.properties["message_id"] for m in probe.take_all(out1)] == [f"m1.{out1}"]

@@ -66,10 +66,11 @@ def test_a_message_that_kills_the_container_ends_in_the_backout_queue(backend: B
         for n in range(2, 12):
             producer.send(queue, {"n": n}, message_id=f"good-{n}")
     dlq = backend.q("DLQ")
+    probe = backend.probe(settings)
     crashes = 0
     while True:
         container = backend.container(settings).start(wait=False)
-        wait_for(lambda c=container: not c.alive() or backend.probe(settings).count(dlq),
+        wait_for(lambda c=container: not c.alive() or (probe.exists(dlq) and probe.count(dlq)),
                  timeout=60, what="a crash or the backout")
         if container.alive():
             break

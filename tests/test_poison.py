@@ -77,7 +77,8 @@ def test_max_retries_at_threshold_never_stops_and_delivers_poison_exactly_five_t
         wait_for(lambda: len(backend.effects()) == 4, what="good messages")
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
         assert container.port_state("Work")["state"] == "started"
-        assert container.port_state("Work")["backed_out"] == 1
+        wait_for(lambda: container.port_state("Work")["backed_out"] == 1, timeout=5,
+                 what="the backout in the port's figures (written each control_interval)")
     poison = [a for a in backend.attempts() if a[1] == "poison"]
     assert [a[3] for a in poison] == [0, 1, 2, 3, 4]
     assert set(backend.effects().values()) == {1}
@@ -124,7 +125,8 @@ def test_handler_choices_move_and_discard(backend: Backend) -> None:
         ("moved", {"n": 1, "action": "move", "to": elsewhere}), ("kept", {"n": 2}),
     ])
     with backend.container(settings):
-        wait_for(lambda: backend.probe(settings).count(elsewhere) == 1, what="move_to")
+        probe = backend.probe(settings)  # the move declares the queue
+        wait_for(lambda: probe.exists(elsewhere) and probe.count(elsewhere) == 1, what="move_to")
         wait_for(lambda: "kept" in backend.effects(), what="next message")
     moved = backend.probe(settings).take_all(elsewhere)[0]
     assert moved.properties["message_id"] == "moved"

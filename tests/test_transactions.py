@@ -94,9 +94,10 @@ def test_set_rollback_only_discards_the_work_and_the_sends_and_redelivers(backen
         ("undone", {"n": 1, "action": "send", "to": out, "then": "rollback"}),
         ("done", {"n": 2, "action": "send", "to": out}),
     ])
+    probe = backend.probe(settings)  # the handler's send declares ``out``
     with backend.container(settings):
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
-        wait_for(lambda: backend.probe(settings).count(out) == 1, what="the committed send")
+        wait_for(lambda: probe.exists(out) and probe.count(out) == 1, what="the committed send")
     assert counts_of(backend, "undone") == [0, 1]
     assert backend.effects() == {"done": 1}
     assert [m.properties["message_id"] for m in backend.probe(settings).take_all(out)] == ["done.out"]
@@ -113,9 +114,10 @@ def test_an_exception_rolls_back_the_bean_managed_transaction(backend: Backend) 
         ("undone", {"n": 1, "action": "send", "to": out, "then": "fail"}),
         ("done", {"n": 2, "action": "send", "to": out}),
     ])
+    probe = backend.probe(settings)  # the handler's send declares ``out``
     with backend.container(settings):
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
-        wait_for(lambda: backend.probe(settings).count(out) == 1, what="the committed send")
+        wait_for(lambda: probe.exists(out) and probe.count(out) == 1, what="the committed send")
     # The handler ran again on the redelivery: its dedup mark was rolled back too.
     assert counts_of(backend, "undone") == [0, 1]
     assert backend.effects("Bean") == {"done": 1}
@@ -136,8 +138,9 @@ def test_not_supported_runs_without_a_session_and_sends_at_once(backend: Backend
     # Work's handler does without a session; Downstream's asks ctx.session for one.
     send_all(backend, settings, plain, [("plain", {"n": 1, "action": "send", "to": out})])
     send_all(backend, settings, needs_session, [("session", {"n": 2})])
+    probe = backend.probe(settings)  # the handler's send declares ``out``
     with backend.container(settings):
-        wait_for(lambda: backend.probe(settings).count(out) == 1, what="the send")
+        wait_for(lambda: probe.exists(out) and probe.count(out) == 1, what="the send")
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
     assert counts_of(backend, "plain") == [0], "handled once, not redelivered"
     assert backend.effects() == {}, "no transaction, no row"
