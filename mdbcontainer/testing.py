@@ -145,7 +145,7 @@ class ContainerProcess:
     def rows(self) -> list[dict[str, Any]]:
         """This process's ports as ``mdb ports --json`` shows them.
 
-        None before the container has created its tables; any other error (a wrong
+        No rows before the container has created its tables; any other error (a wrong
         database URL, a lost server) raises instead of passing for "no ports yet".
         """
         store = self._store()

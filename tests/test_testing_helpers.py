@@ -29,7 +29,7 @@ def test_a_queue_that_does_not_exist_is_an_error_not_an_empty_queue(backend: Bac
     assert probe.count(queue) == 0
 
 
-def test_rows_are_none_before_the_tables_exist_and_an_unreadable_database_raises(
+def test_rows_are_empty_before_the_tables_exist_and_an_unreadable_database_raises(
     backend: Backend,
 ) -> None:
     settings = backend.write(ports={"Work": {"destination": backend.q("Q")}})
