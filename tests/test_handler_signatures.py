@@ -15,8 +15,8 @@ import pytest
 
 from mdbcontainer.producer import Producer
 from mdbcontainer.settings import load_settings
-from mdbcontainer.testing import ContainerProcess, QueueProbe, wait_for, write_settings
-from tests.test_cli import mdb, one_line_error
+from mdbcontainer.testing import ContainerProcess, QueueProbe, mdb, wait_for, write_settings
+from tests.conftest import one_line_error
 
 HEADER = """
 from pydantic import BaseModel

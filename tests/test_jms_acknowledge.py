@@ -7,19 +7,11 @@ from typing import Any
 
 import pytest
 
-from mdbcontainer.testing import ContainerProcess, wait_for
-from tests.apps.jms import records, run_mdb
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import ContainerProcess, mdb, wait_for
+from tests.apps.jms import records
+from tests.conftest import ROOT, Backend, jms_settings
 
 pytestmark = pytest.mark.slow
-
-
-def jms_settings(backend: Backend, queue: str, *others: str, **port: Any) -> Path:
-    """Port Jms on ``queue``; ``others`` are queues the settings name, so a send declares them."""
-    return backend.write(
-        ports={"Jms": {"destination": queue, **port}}, queues={q: {} for q in (queue, *others)},
-        listeners=["tests.apps.jms"],
-    )
 
 
 def send(backend: Backend, settings: Path, queue: str, bodies: list[dict[str, Any]]) -> None:
@@ -76,12 +68,12 @@ def test_client_recover_and_port_stop_hand_messages_back_without_counting_failur
 
         send(backend, settings, queue, [{"n": 4}])
         wait_for(lambda: len(seen(backend)) == 6, what="a message held unacknowledged")
-        assert run_mdb("port", "stop", "Jms", settings=settings, env=backend.env).returncode == 0
+        assert mdb("port", "stop", "Jms", settings=settings, env=backend.env).returncode == 0
         wait_for(lambda: (container.port_state("Jms") or {}).get("state") == "stopped",
                  what="the port to stop")
         wait_for(lambda: backend.probe(settings).count(queue) == 1,
                  what="the held message back on its queue")
-        assert run_mdb("port", "start", "Jms", settings=settings, env=backend.env).returncode == 0
+        assert mdb("port", "start", "Jms", settings=settings, env=backend.env).returncode == 0
         wait_for(lambda: len(seen(backend)) == 7, what="its redelivery")
     last = records(backend.log)[-1]
     assert (last["n"], last["redelivered"], last["count"]) == (4, True, 0)
@@ -131,12 +123,13 @@ def test_dups_ok_acknowledges_in_batches_and_dedup_absorbs_the_unacknowledged_ta
 
 def test_transacted_sends_and_receive_roll_back_and_commit_as_one(rabbit: Backend) -> None:
     queue, out1, out2 = rabbit.q("TX"), rabbit.q("OUT1"), rabbit.q("OUT2")
-    settings = jms_settings(rabbit, queue, out1, out2, transaction="none", acknowledge="transacted",
-                            max_retries=5)
+    settings = jms_settings(rabbit, queue, {queue: {}, out1: {}, out2: {}}, transaction="none",
+                            acknowledge="transacted", max_retries=5)
     send(rabbit, settings, queue, [{"n": 1, "action": "send", "to": [out1, out2], "then_fail": True}])
     with rabbit.container(settings):
         wait_for(lambda: len(seen(rabbit)) == 2, what="a rollback, then a commit")
-        wait_for(lambda: rabbit.probe(settings).count(out2) == 1, what="the committed sends")
+        probe = rabbit.probe(settings)  # the first send declares the queues
+        wait_for(lambda: probe.exists(out2) and probe.count(out2) == 1, what="the committed sends")
     assert [r["count"] for r in records(rabbit.log)] == [0, 1], "the rollback redelivered it"
     probe = rabbit.probe(settings)
     assert [m.properties["message_id"] for m in probe.take_all(out1)] == [f"m1.{out1}"]
@@ -146,8 +139,8 @@ def test_transacted_sends_and_receive_roll_back_and_commit_as_one(rabbit: Backen
 
 def test_a_crash_before_the_commit_loses_the_sends_and_redelivers_the_message(rabbit: Backend) -> None:
     queue, out1, out2 = rabbit.q("TXCRASH"), rabbit.q("OUT1"), rabbit.q("OUT2")
-    settings = jms_settings(rabbit, queue, out1, out2, transaction="none", acknowledge="transacted",
-                            max_retries=5)
+    settings = jms_settings(rabbit, queue, {queue: {}, out1: {}, out2: {}}, transaction="none",
+                            acknowledge="transacted", max_retries=5)
     send(rabbit, settings, queue, [{"n": 1, "action": "send", "to": [out1, out2]}])
     with crashing(rabbit, settings, "before-tx-commit").start(wait=False) as container:
         assert container.wait_exit(60) != 0

@@ -9,19 +9,11 @@ from typing import Any
 import pytest
 
 from mdbcontainer import Message, RequestTimeout
-from mdbcontainer.testing import wait_for
-from tests.apps.jms import records, run_mdb
-from tests.conftest import Backend
+from mdbcontainer.testing import mdb, wait_for
+from tests.apps.jms import records
+from tests.conftest import Backend, jms_settings
 
 pytestmark = pytest.mark.slow
-
-
-def jms_settings(backend: Backend, queue: str, *others: str, **port: Any) -> Path:
-    """Port Jms on ``queue``; ``others`` are queues the settings name, so a send declares them."""
-    return backend.write(
-        ports={"Jms": {"destination": queue, **port}}, queues={q: {} for q in (queue, *others)},
-        listeners=["tests.apps.jms"],
-    )
 
 
 @pytest.mark.parametrize("transaction", ["none", "container"])
@@ -60,15 +52,15 @@ def queue_exists(backend: Backend, settings: Path, name: str) -> bool:
 
 def test_mdb_request_prints_the_reply_and_a_timeout_exits_1(backend: Backend) -> None:
     queue, nobody = backend.q("SERVICE"), backend.q("NOBODY")
-    settings = jms_settings(backend, queue, nobody, transaction="none")
+    settings = jms_settings(backend, queue, {queue: {}, nobody: {}}, transaction="none")
     with backend.container(settings):
-        result = run_mdb("request", queue, '{"n": 3, "action": "reply"}', "--timeout", "10s",
-                         settings=settings, env=backend.env)
+        result = mdb("request", queue, '{"n": 3, "action": "reply"}', "--timeout", "10s",
+                     settings=settings, env=backend.env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"echo": 3, "port": "Jms"}
 
-    result = run_mdb("request", nobody, '{"n": 4}', "--timeout", "1s", settings=settings,
-                     env=backend.env)
+    result = mdb("request", nobody, '{"n": 4}', "--timeout", "1s", settings=settings,
+                 env=backend.env)
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1
@@ -106,7 +98,7 @@ def test_a_request_inside_a_unit_of_work_is_refused_with_the_reason(
 
 def test_a_request_from_a_handler_without_a_unit_of_work_is_sent(backend: Backend) -> None:
     queue, other = backend.q("NOTX"), backend.q("OTHER")
-    settings = jms_settings(backend, queue, other, transaction="none")
+    settings = jms_settings(backend, queue, {queue: {}, other: {}}, transaction="none")
     with backend.producer(settings) as producer:
         producer.send(queue, {"n": 1, "action": "request", "to": other, "settings": str(settings)})
     with backend.container(settings):

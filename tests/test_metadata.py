@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect, text
 
-from mdbcontainer.testing import wait_for, write_settings
-from tests.conftest import Backend
-from tests.test_cli import mdb, one_line_error
+from mdbcontainer.testing import mdb, wait_for, write_settings
+from tests.conftest import Backend, one_line_error
 
 MODELS = '''
 import os

@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mdbcontainer.settings import load_settings
-from mdbcontainer.testing import QueueProbe, write_settings
-from tests.test_cli import mdb
+from mdbcontainer.testing import QueueProbe, mdb, write_settings
 
 LISTENER = """
 from mdbcontainer import Message, message_driven

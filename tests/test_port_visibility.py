@@ -18,9 +18,8 @@ from sqlalchemy import update
 from mdbcontainer.control import Control
 from mdbcontainer.settings import load_settings
 from mdbcontainer.store import Store, utcnow
-from mdbcontainer.testing import wait_for, write_settings
+from mdbcontainer.testing import mdb, wait_for, write_settings
 from tests.conftest import Backend
-from tests.test_cli import mdb
 
 # Longer than any wait below: what these tests see was written by a state change, not a poll.
 SLOW_POLL = "60s"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import kombu
 import pytest
 from amqp.exceptions import NotFound
 
@@ -13,8 +14,8 @@ from mdbcontainer.delivery import Delivery
 from mdbcontainer.message import InvalidBody, decode_body
 from mdbcontainer.outgoing import outgoing
 from mdbcontainer.settings import Settings
-from tests.conftest import Backend
-from tests.test_cli import mdb, one_line_error
+from mdbcontainer.testing import mdb
+from tests.conftest import RABBITMQ_URL, Backend, one_line_error
 
 
 def queue_exists(settings: Settings, name: str) -> bool:
@@ -127,3 +128,21 @@ def test_an_accepted_binary_type_reaches_the_handler_as_bytes() -> None:
     assert decode_body(b"words", "text/plain", accept, 100, "binary") == "words"
     with pytest.raises(InvalidBody, match="not accepted"):
         decode_body(b"\x89PNG", "image/png", ["application/json"], 100, "binary")
+
+
+@pytest.mark.rabbitmq
+def test_a_queue_deleted_under_a_long_lived_producer_is_declared_again(rabbit: Backend) -> None:
+    """A publisher declares each destination once. After the queue is deleted (an operator,
+    ``rabbitmqctl delete_queue``), a mandatory publish returns: that one fails, and the
+    next must declare the queue again instead of failing for the life of the publisher
+    (the outbox relay would retry the row for ever)."""
+    queue = rabbit.q("Q")
+    settings = rabbit.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    with rabbit.producer(settings) as producer:
+        producer.send(queue, {"n": 1})
+        with kombu.Connection(RABBITMQ_URL) as conn:
+            conn.channel().queue_delete(queue=queue)
+        with pytest.raises(Unroutable):
+            producer.send(queue, {"n": 2})
+        producer.send(queue, {"n": 3})
+    assert rabbit.probe(settings).count(queue) == 1
