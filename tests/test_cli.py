@@ -197,7 +197,8 @@ def test_a_queue_declare_the_broker_refuses_is_one_line_exit_1(rabbit: Backend) 
     with kombu.Connection(RABBITMQ_URL) as conn:
         conn.channel().queue_declare(queue=queue, durable=True, auto_delete=False,
                                      arguments={"x-max-priority": 5})
-    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}})
+    # Named in the settings (without a priority), so the send declares it first.
+    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}}, queues={queue: {}})
     result = mdb("send", queue, "{}", settings=settings, env=rabbit.env)
     line = one_line_error(result)
     assert result.returncode == 1
