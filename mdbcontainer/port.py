@@ -90,13 +90,19 @@ class ListenerPort:
     # -- lifecycle ----------------------------------------------------------
 
     def start(self) -> None:
-        """Start the consumers; the state turns ``started`` once all of them consume."""
+        """Start the consumers: ``starting``, then ``started`` once all of them consume.
+
+        ``starting`` is a state of its own, so that ``mdb ports`` (which sees a port
+        from the container's first heartbeat) never shows a port on its way up as
+        ``stopped``.
+        """
         if self.consumers:
             return
         self.stop_event.clear()
         with self._lock:
             self.stats.consecutive_failures = 0
-        self.reason = "starting"
+        with self._state_lock:
+            self._set_state("starting", "")
         self.consumers = [PortConsumer(self, i) for i in range(self.settings.concurrency)]
         for consumer in self.consumers:
             consumer.thread.start()
