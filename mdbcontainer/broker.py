@@ -233,19 +233,24 @@ class Publisher:
         self._channel: Any = None
         self._returned: list[Any] = []
         self._declared: set[str] = set()
+        self._window = _ConfirmWindow()
 
     @property
     def channel(self) -> Any:
         if self._channel is None:
             self._conn = self.broker.connect(confirms=True, timeout=self._timeout)
             self._channel = self._conn.channel()
+            self._window = _ConfirmWindow()
             events = getattr(self._channel, "events", None)
             if events is not None:
                 events["basic_return"].add(self._on_return)
+                events["basic_ack"].add(self._window.acked)
+                events["basic_nack"].add(self._window.nacked)
         return self._channel
 
     def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
-        self._returned.append((exchange, routing_key, exc))
+        properties = getattr(message, "properties", None) or {}
+        self._returned.append((exchange, routing_key, exc, properties.get("message_id")))
 
     def resolve(self, destination: str) -> tuple[str, str, bool]:
         """Declare a destination once per publisher and return its route.
@@ -305,9 +310,68 @@ class Publisher:
         except Exception as exc:
             self.close()
             raise PublishError(f"publish to {exchange or routing_key!r} failed: {describe(exc)}") from exc
+        if self.broker.capabilities.publisher_confirms:  # basic_publish waited for its confirm
+            self._window.published += 1
+            self._window.confirmed = self._window.published
         if self._returned:
             self._declared.discard(routing_key)  # deleted since declared? the next route declares it
             raise Unroutable(f"no queue took the message for {routing_key!r} (mandatory publish returned)")
+
+    def publish_many(self, items: list[Publish], *,
+                     after_first: Callable[[], None] | None = None) -> list[PublishError | None]:
+        """Publish every item, then await their confirms together: one round trip, not one each.
+
+        Returns, per item, None when the broker took it, or the PublishError
+        that says why not (returned unroutable, or nacked). A lost connection
+        raises: then nothing is known of any item. ``after_first`` runs once
+        the first item is on the wire (a crash point for tests).
+        """
+        if not items:
+            return []
+        channel = self.channel
+        self._returned.clear()
+        raw: Any = getattr(channel, "_basic_publish", None)  # py-amqp's publish without the wait
+        confirms = self.broker.capabilities.publisher_confirms and raw is not None
+        send: Any = raw if confirms else channel.basic_publish
+        errors: list[PublishError | None] = [None] * len(items)
+        window = self._window
+        try:
+            if confirms and not channel._confirm_selected:
+                channel._confirm_selected = True  # py-amqp's own flag: basic_publish skips it later
+                channel.confirm_select()
+            first_tag = window.published + 1
+            for index, item in enumerate(items):
+                message = prepare(channel, item.body, item.properties)
+                returned = len(self._returned)
+                send(message, exchange=item.exchange, routing_key=item.routing_key,
+                     mandatory=item.mandatory)
+                if confirms:
+                    window.published += 1
+                elif len(self._returned) > returned:  # the embedded broker returns at once
+                    errors[index] = self._unroutable(item.routing_key)
+                if index == 0 and after_first is not None:
+                    after_first()
+            if confirms:
+                window.await_all(channel)
+                for tag in window.nacks_since(first_tag):
+                    errors[tag - first_tag] = PublishError(
+                        f"the broker did not confirm the message for {items[tag - first_tag].routing_key!r}")
+                by_id = {item.properties.get("message_id"): i for i, item in enumerate(items)}
+                for _exchange, routing_key, _exc, message_id in self._returned:
+                    index = by_id.get(message_id, -1)
+                    if index >= 0:
+                        errors[index] = self._unroutable(routing_key)
+        except connection_errors():
+            self.close()
+            raise
+        except Exception as exc:
+            self.close()
+            raise PublishError(f"publish of {len(items)} message(s) failed: {describe(exc)}") from exc
+        return errors
+
+    def _unroutable(self, routing_key: str) -> Unroutable:
+        self._declared.discard(routing_key)  # deleted since declared? the next route declares it
+        return Unroutable(f"no queue took the message for {routing_key!r} (mandatory publish returned)")
 
     def close(self) -> None:
         conn, self._conn, self._channel = self._conn, None, None
@@ -321,6 +385,49 @@ class Publisher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class Publish:
+    """One message for :meth:`Publisher.publish_many`: its route, body and properties."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: dict[str, Any]
+    mandatory: bool
+
+
+class _ConfirmWindow:
+    """Publisher confirms in flight on one channel: tags published, confirmed, and nacked.
+
+    RabbitMQ numbers a confirm channel's publishes 1, 2, ... and confirms
+    them with ``basic.ack`` / ``basic.nack``, each possibly ``multiple``
+    (covering every earlier tag too).
+    """
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.confirmed = 0
+        self._nacked: list[int] = []
+
+    def acked(self, tag: int, multiple: bool) -> None:
+        self.confirmed = max(self.confirmed, int(tag))
+
+    def nacked(self, tag: int, multiple: bool) -> None:
+        low = self.confirmed + 1 if multiple else int(tag)
+        self._nacked.extend(range(low, int(tag) + 1))
+        self.confirmed = max(self.confirmed, int(tag))
+
+    def await_all(self, channel: Any) -> None:
+        from amqp import spec
+
+        while self.confirmed < self.published:
+            channel.wait([spec.Basic.Ack, spec.Basic.Nack])
+
+    def nacks_since(self, first: int) -> list[int]:
+        nacked, self._nacked = [t for t in self._nacked if t >= first], []
+        return nacked
 
 
 def prepare(channel: Any, body: bytes, properties: dict[str, Any]) -> Any:
