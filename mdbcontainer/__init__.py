@@ -7,7 +7,7 @@ backout queue, stops a port after its maximum retries, and keeps a dedup
 table so each message's database work commits once.
 """
 
-from .context import MessageContext
+from .context import BatchContext, MessageContext
 from .errors import (
     BrokerError,
     BrokerUnavailable,
@@ -25,6 +25,7 @@ from .producer import Producer
 from .settings import Settings, load_settings
 
 __all__ = [
+    "BatchContext",
     "BrokerError",
     "BrokerUnavailable",
     "ListenerError",

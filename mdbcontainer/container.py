@@ -70,9 +70,21 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
             )
         bindings.append(Binding(name, spec, validate_port(settings.source, name, merged)))
         _refuse_backout_loop(settings, name, bindings[-1].settings)
+        _refuse_bean_batch_without_list(settings, name, bindings[-1])
     if not bindings:
         raise ListenerError(f"{settings.source}: no ports: container.listeners registers no handler")
     return [b for b in bindings if not only or b.name in only]
+
+
+def _refuse_bean_batch_without_list(settings: Settings, name: str, binding: Binding) -> None:
+    """BMT on a batched port: ``ctx.transaction()`` must cover the whole batch, so one call has it."""
+    port = binding.settings
+    if port.batch_size > 1 and port.transaction == "bean" and not binding.spec.batch:
+        raise SettingsError(
+            f"{settings.source}: ports.{name}.batch_size: transaction = 'bean' with batch_size > 1 "
+            f"needs a batch handler (@message_driven({name!r}, batch=True) taking a list); "
+            f"{binding.spec.name} takes one message"
+        )
 
 
 def _refuse_backout_loop(settings: Settings, name: str, port: PortSettings) -> None:

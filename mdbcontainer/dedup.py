@@ -64,6 +64,28 @@ class Dedup:
         params = {"port": port, "message_id": message_id, "processed_at": utcnow()}
         return session.connection().execute(self._claim, params).first() is not None
 
+    def claim_many(self, session: Session, port: str, message_ids: list[str]) -> set[str]:
+        """Claim a batch's rows in one statement inside the caller's transaction.
+
+        ``INSERT ... VALUES (...), (...) ON CONFLICT DO NOTHING RETURNING
+        message_id``: the ids returned are the ones this transaction claimed;
+        the others were claimed before (duplicates). An id given twice is
+        claimed once. The ids go in sorted, so two consumers claiming
+        overlapping batches lock the rows in one order and cannot deadlock.
+        """
+        unique = sorted(set(message_ids))
+        if not unique:
+            return set()
+        t = self.table
+        now = utcnow()
+        statement = (
+            self.store.insert(t)
+            .values([{"port": port, "message_id": m, "processed_at": now} for m in unique])
+            .on_conflict_do_nothing(index_elements=[t.c.port, t.c.message_id])
+            .returning(t.c.message_id)
+        )
+        return {str(row[0]) for row in session.connection().execute(statement)}
+
     def seen(self, port: str, message_id: str) -> bool:
         """True when the message's work has committed (checked for redeliveries only)."""
         t = self.table

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 from pydantic import TypeAdapter
 
@@ -35,6 +35,7 @@ class HandlerSpec:
     port: str
     target: Any
     defaults: dict[str, Any]
+    batch: bool = False
 
     @property
     def is_bean(self) -> bool:
@@ -45,7 +46,7 @@ class HandlerSpec:
         return f"{self.target.__module__}:{self.target.__qualname__}"
 
 
-def message_driven(port: str, **port_defaults: Any) -> Callable[[H], H]:
+def message_driven(port: str, *, batch: bool = False, **port_defaults: Any) -> Callable[[H], H]:
     """Mark a function or a bean class as the handler of listener port ``port``.
 
     Keyword arguments are port settings (``destination``, ``max_retries``, ...);
@@ -56,6 +57,11 @@ def message_driven(port: str, **port_defaults: Any) -> Callable[[H], H]:
     A class is a bean: ``setup()`` runs once per instance, ``on_message(message,
     ctx)`` per delivery, ``teardown()`` when the instance is discarded (after it
     raised) or at shutdown.
+
+    ``batch=True`` makes it a batch handler: its first parameter is a
+    ``list[X]`` (the element type decides what each item is, as above) and
+    its context a ``BatchContext``; it is called once per batch of the port's
+    ``batch_size`` deliveries, so that its database work is one bulk statement.
     """
     if not isinstance(port, str) or not port:
         raise ListenerError("@message_driven needs the listener port's name as a non-empty string")
@@ -69,7 +75,10 @@ def message_driven(port: str, **port_defaults: Any) -> Callable[[H], H]:
                 )
         elif not callable(target):
             raise ListenerError(f"@message_driven({port!r}) decorates a function or a class")
-        setattr(target, _MARK, HandlerSpec(port, target, dict(port_defaults)))
+        spec = HandlerSpec(port, target, dict(port_defaults), batch=bool(batch))
+        if spec.batch:
+            Invoker.for_spec(spec)  # a batch handler without a list parameter fails at import
+        setattr(target, _MARK, spec)
         return target
 
     return mark
@@ -133,6 +142,17 @@ def _first_parameter(func: Callable[..., Any], skip_self: bool) -> Any:
     return hints.get(params[0].name, Message)
 
 
+def _element_type(func: Callable[..., Any], skip_self: bool) -> Any:
+    """A batch handler's first parameter is ``list[X]``: X decides what each item is."""
+    hint = _first_parameter(func, skip_self)
+    if hint is Message or get_origin(hint) is not list or len(get_args(hint)) != 1:
+        raise ListenerError(
+            f"{func.__qualname__}: a batch handler (batch=True) takes a list first, such as "
+            "list[Message] or list[OrderPlaced]"
+        )
+    return get_args(hint)[0]
+
+
 @dataclass
 class Invoker:
     """Calls one handler for one consumer: holds that consumer's bean instance.
@@ -150,10 +170,12 @@ class Invoker:
     @classmethod
     def for_spec(cls, spec: HandlerSpec) -> Invoker:
         func = spec.target.on_message if spec.is_bean else spec.target
-        return cls(spec, validator_for(_first_parameter(func, skip_self=spec.is_bean)))
+        annotation = (_element_type if spec.batch else _first_parameter)(func, spec.is_bean)
+        return cls(spec, validator_for(annotation))
 
     def argument(self, message: Message) -> Any:
-        """The handler's first argument: the envelope or the validated body (may raise InvalidBody)."""
+        """The handler's first argument (a batch handler's list item): the envelope or the
+        validated body (may raise InvalidBody)."""
         if self.adapter is None:
             return message
         return validate_body(self.adapter, message.body)

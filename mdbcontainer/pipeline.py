@@ -134,6 +134,21 @@ class Pipeline:
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
 
+    # -- the consumer loop's hooks (the batch pipeline gathers; one delivery never waits) --
+
+    def wait_limit(self, idle: float) -> float:
+        """How long the consumer may block waiting for the next delivery."""
+        return idle
+
+    def tick(self) -> None:
+        """Called between deliveries (a batch whose linger is up runs here)."""
+
+    def hand_back_gathered(self) -> None:
+        """Graceful stop: hand back what was received but not started."""
+
+    def release(self) -> None:
+        """The channel is gone: forget what was received but not started."""
+
     def _through_outages(self, call: Callable[[], T], failed: Callable[[T], bool] | None = None) -> Any:
         """Run ``call``, holding the delivery while the database is away (returns ``_GAVE_UP``
         when the port stops meanwhile). The first try is outside tenacity: the hot path."""

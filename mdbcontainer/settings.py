@@ -157,9 +157,22 @@ class PortSettings(_Strict):
     subscription: str | None = None
     durable: bool = False
     autostart: bool = True
+    batch_size: int = Field(default=1, ge=1, le=10000)
+    batch_linger: Duration = timedelta(milliseconds=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batched_prefetch(cls, data: Any) -> Any:
+        """Without an explicit prefetch a batched port prefetches two batches: one runs, one arrives."""
+        if isinstance(data, dict) and "prefetch" not in data:
+            size = data.get("batch_size")
+            if isinstance(size, int) and not isinstance(size, bool) and size > 1:
+                return {**data, "prefetch": min(65535, 2 * size)}
+        return data
 
     @model_validator(mode="after")
     def _coherent(self) -> PortSettings:
+        self._batch_coherent()
         if (self.destination is None) == (self.topic is None):
             raise ValueError("a port needs exactly one of 'destination' (a queue) or 'topic'")
         if self.durable and not (self.client_id and self.subscription):
@@ -185,6 +198,22 @@ class PortSettings(_Strict):
         ):
             raise ValueError("pickle is never accepted: it runs code from the message")
         return self
+
+    def _batch_coherent(self) -> None:
+        if self.batch_size == 1:
+            return
+        if self.prefetch < self.batch_size:
+            raise ValueError(
+                f"prefetch: {self.prefetch} is below batch_size ({self.batch_size}): a batch "
+                "could never fill; raise prefetch or leave it out (then it is 2 x batch_size)"
+            )
+        if self.acknowledge != "auto":
+            raise ValueError(
+                f"acknowledge: batch_size > 1 needs acknowledge = 'auto', not {self.acknowledge!r}: "
+                "a batch is acknowledged after its commit"
+            )
+        if self.batch_linger <= timedelta(0):
+            raise ValueError("batch_linger: must be positive when batch_size > 1")
 
     @property
     def transactional(self) -> bool:
@@ -342,6 +371,9 @@ def describe_error(source: str, exc: ValidationError) -> str:
         loc = tuple(p for p in loc if p not in {"PortSettings", "dict[str,any]"})
         where = ".".join(loc) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
+        key, _, rest = message.partition(": ")
+        if not loc and rest and key in PortSettings.model_fields:  # a rule about one key names it
+            where, message = key, rest
         if error["type"] == "extra_forbidden":
             message = f"unknown key '{loc[-1]}'"
             close = difflib.get_close_matches(loc[-1], _known_keys(loc), n=1)
