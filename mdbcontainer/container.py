@@ -289,6 +289,8 @@ class Container:
                 "failed": s.failed, "backed_out": s.backed_out, "expired": s.expired,
                 "handled": s.handled, "duplicate_skipped": s.duplicate_skipped,
                 "invalid_body": s.invalid_body, "since": port.since.isoformat(),
+                "batch_size": port.settings.batch_size, "batches": s.batches,
+                "batched": s.batched, "fallbacks": s.fallbacks,
             })
         return rows
 
