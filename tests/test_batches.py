@@ -89,6 +89,7 @@ def test_a_failing_message_rolls_the_batch_back_and_only_it_counts(backend: Back
     with container(backend, settings) as c:
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="a backout")
         wait_for(lambda: len(backend.effects("Work")) == 9, what="the good messages")
+        wait_for(lambda: (c.port_state("Work") or {}).get("handled") == 9, what="nine handled")
         row = c.port_state("Work") or {}
         assert row["state"] == "started", "one poison message does not stop the port"
     good = [f"w-{i}" for i in range(10) if i != 4]
@@ -197,11 +198,14 @@ def test_batch_settings_that_cannot_work_are_refused_in_one_line(
 def test_the_batch_figures_reach_metrics(backend: Backend) -> None:
     queue = backend.q("METRICS")
     settings = backend.write(ports={"BatchWork": {"destination": queue, "batch_size": 10,
-                                                  "batch_linger": "200ms"}}, metrics_port=_free_port(), metrics_host="127.0.0.1")
+                                                  "batch_linger": "200ms", "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 1}},
+                             metrics_port=_free_port(), metrics_host="127.0.0.1")
     send_all(backend, settings, queue, [(f"m-{i}", {"n": i}) for i in range(9)]
              + [("m-9", {"n": 9, "action": "rollback"})])
     with container(backend, settings):
         wait_for(lambda: len(backend.effects("BatchWork")) == 9, what="nine committed")
+        wait_for(lambda: dead_letters(backend, settings), what="the rolled-back message backed out")
         text = _metrics(backend, settings)
     assert 'mdb_batch_size_count{port="BatchWork"}' in text
     assert 'mdb_batch_fallbacks_total{port="BatchWork"} 1.0' in text
