@@ -130,7 +130,7 @@ def test_a_bean_managed_batch_handler_covers_the_batch_in_one_transaction(backen
     settings = backend.write(ports={"BatchBean": {"destination": queue, "batch_size": 25,
                                                   "batch_linger": "300ms"}})
     bodies = [(f"e-{i:02d}", {"n": i}) for i in range(50)]
-    send_all(backend, settings, queue, bodies + [("e-07", {"n": 7})])
+    send_all(backend, settings, queue, [*bodies, ("e-07", {"n": 7})])
     with container(backend, settings) as c:
         wait_for(lambda: (c.port_state("BatchBean") or {}).get("delivered") == 51, what="all delivered")
         assert backend.probe(settings).count(queue) == 0
