@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -32,7 +33,7 @@ def show_ports(settings: Settings, as_json: bool) -> None:
         return
     table = Table(title="listener ports")
     for column in ("container", "port", "destination", "state", "failures", "delivered",
-                   "failed", "backed out", "expired", "since", "reason"):
+                   "failed", "backed out", "expired", "batches", "since", "reason"):
         table.add_column(column)
     for r in rows:
         table.add_row(
@@ -40,10 +41,20 @@ def show_ports(settings: Settings, as_json: bool) -> None:
             f"[green]{r['state']}[/]" if r["state"] == "started" else f"[red]{r['state']}[/]",
             str(r["consecutive_failures"]), str(r["delivered"]), str(r["failed"]),
             # What went to the backout queue: an invalid body is counted apart in --json.
-            str(r["backed_out"] + r.get("invalid_body", 0)), str(r["expired"]), r["since"][:19],
-            r["reason"] or "",
+            str(r["backed_out"] + r.get("invalid_body", 0)), str(r["expired"]), batch_figures(r),
+            r["since"][:19], r["reason"] or "",
         )
     Console(width=200).print(table)
+
+
+def batch_figures(row: dict[str, Any]) -> str:
+    """A batched port's batches: how full they ran against batch_size, and the fallbacks."""
+    size = int(row.get("batch_size") or 1)
+    batches = int(row.get("batches") or 0)
+    if size <= 1 and not batches:
+        return "-"
+    mean = int(row.get("batched") or 0) / batches if batches else 0.0
+    return f"{batches} x {mean:.1f}/{size}, {int(row.get('fallbacks') or 0)} fallbacks"
 
 
 def switch_port(settings: Settings, name: str, state: str, as_json: bool = False) -> None:
