@@ -21,6 +21,8 @@ SHOWN = {
     "bmt_once_only": ["mdb run exited with -9", "alice 15, bob 20"],
     "request_reply": ["'price': '9.99'", '{"sku": "B-2", "price": "24.50"}', "RequestTimeout"],
     "durable_subscription": ["holds 3 events", "audit: 3, 4, 5 (missed) and 6"],
+    "batch_orders": ["not 200 commits", "1 fallbacks", "backout queue: ['order-bad']",
+                     "230 orders stored, each exactly once"],
 }
 
 
