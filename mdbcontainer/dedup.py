@@ -46,6 +46,7 @@ class Dedup:
         self.store = store
         self.table = store.tables.dedup
         t = self.table
+        self._claims: dict[int, Any] = {}
         self._claim = (
             self.store.insert(t)
             .values(port=bindparam("port"), message_id=bindparam("message_id"),
@@ -76,15 +77,25 @@ class Dedup:
         unique = sorted(set(message_ids))
         if not unique:
             return set()
-        t = self.table
-        now = utcnow()
-        statement = (
-            self.store.insert(t)
-            .values([{"port": port, "message_id": m, "processed_at": now} for m in unique])
-            .on_conflict_do_nothing(index_elements=[t.c.port, t.c.message_id])
-            .returning(t.c.message_id)
-        )
-        return {str(row[0]) for row in session.connection().execute(statement)}
+        params: dict[str, Any] = {f"m{i}": m for i, m in enumerate(unique)}
+        params.update(port=port, processed_at=utcnow())
+        rows = session.connection().execute(self._claim_statement(len(unique)), params)
+        return {str(row[0]) for row in rows}
+
+    def _claim_statement(self, size: int) -> Any:
+        """The claim of ``size`` ids, built once per size: SQLAlchemy compiles a multi-row
+        VALUES anew for every new statement object, which costs more than the round trip."""
+        statement = self._claims.get(size)
+        if statement is None:
+            t = self.table
+            rows: list[dict[str, Any]] = [{"port": bindparam("port"), "message_id": bindparam(f"m{i}"),
+                     "processed_at": bindparam("processed_at")} for i in range(size)]
+            statement = self._claims[size] = (
+                self.store.insert(t).values(rows)
+                .on_conflict_do_nothing(index_elements=[t.c.port, t.c.message_id])
+                .returning(t.c.message_id)
+            )
+        return statement
 
     def seen(self, port: str, message_id: str) -> bool:
         """True when the message's work has committed (checked for redeliveries only)."""
