@@ -212,6 +212,7 @@ class ListenerPort:
             f"{message_id}: {describe(error)}"
         )
 
+
 class PortConsumer:
     """One consumer thread of a port: connect, declare, consume, and reconnect with backoff."""
 
