@@ -230,3 +230,24 @@ def _metrics(backend: Backend, settings: Path) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return str(response.read().decode())
 
+
+
+def test_publish_many_confirms_together_and_names_the_one_message_not_routed(
+    backend: Backend,
+) -> None:
+    from mdbcontainer.broker import Broker, Publish, Publisher
+
+    queue = backend.q("MANY")
+    settings = backend.write(ports={"Work": {"destination": queue}})
+    publisher = Publisher(Broker(backend.settings(settings)))
+    try:
+        exchange, routing_key, mandatory = publisher.route(queue)
+        items = [Publish(exchange, routing_key, b'{"n": 1}', {"message_id": f"p-{i}"}, mandatory)
+                 for i in range(300)]
+        items.insert(120, Publish("", backend.q("NOWHERE"), b"{}", {"message_id": "lost"}, True))
+        errors = publisher.publish_many(items)
+    finally:
+        publisher.close()
+    failed = [(i, type(e).__name__) for i, e in enumerate(errors) if e is not None]
+    assert failed == [(120, "Unroutable")], "only the unroutable message is reported"
+    wait_for(lambda: backend.probe(settings).count(queue) == 300, what="the 300 routed messages")
