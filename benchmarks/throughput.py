@@ -137,7 +137,7 @@ class Bench:
             ))
             conn.execute(text(f'ANALYZE "{self.schema}".{table}'))
 
-    def load(self, n: int) -> None:
+    def load(self, n: int, *, wait: bool = True) -> None:
         """Publish n persistent JSON messages with fresh ids; return once the queue holds them."""
         self.loads += 1
         with kombu.Connection(RABBITMQ_URL, connect_timeout=5) as conn:
@@ -148,6 +148,8 @@ class Bench:
                 producer.publish({"n": i, "kind": "bench"}, exchange="", routing_key=self.queue,
                                  serializer="json", delivery_mode=2,
                                  message_id=f"{self.tag}-{self.loads}-{i}")
+            if not wait:  # a running consumer drains it meanwhile
+                return
             wait_for(lambda: channel.queue_declare(queue=self.queue, passive=True).message_count == n,
                      60, 0.1, f"{n} messages on {self.queue}")
 
@@ -250,7 +252,8 @@ def mdb(*args: str, env: dict[str, str]) -> None:
 
 def container(bench: Bench, port: str, n: int, *, trace: Path | None = None,
               profile: Path | None = None, latency: Path | None = None,
-              load: Callable[[], None] | None = None) -> Timing:
+              load: Callable[[], None] | None = None,
+              after: Callable[[ContainerProcess], None] | None = None) -> Timing:
     """``mdb run`` with its port stopped; load n messages, start the port, wait for the stamp.
 
     ``load`` replaces loading before the start (the latency run publishes at a steady
@@ -291,6 +294,8 @@ def container(bench: Bench, port: str, n: int, *, trace: Path | None = None,
         elapsed, cpu = map(float, stamp.read_text().split())
         if trace is not None:
             lb.trace_sizes(trace, marks)
+        if after is not None:
+            after(proc)
         return elapsed, cpu
     finally:
         if proc.alive():
@@ -330,6 +335,31 @@ def steady_latency(bench: Bench, args: argparse.Namespace, rate: float = 500.0,
     print(f"\nlatency at a steady {rate:.0f} msg/s for {seconds:.0f}s, BenchBatch (batch_size {BATCH}, "
           f"batch_linger 20ms): p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max "
           f"{values[-1] * 1000:.1f} ms ({len(values)} messages; publish to batch handler call)")
+
+
+def rss_growth(bench: Bench, args: argparse.Namespace, total: int = 200_000) -> None:
+    """RSS of ``mdb run`` (BenchBatch) after its first ``--n`` messages and after ``total``."""
+    port, chunk = "BenchBatch", bench.n
+    seen: dict[str, int] = {}
+
+    def rss_kb(proc: ContainerProcess) -> int:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
+
+    def keep_going(proc: ContainerProcess) -> None:
+        seen[f"{chunk}"] = rss_kb(proc)
+        handled = chunk
+        while handled < total:
+            bench.load(chunk, wait=False)
+            handled += chunk
+            wait_for(lambda target=handled: (proc.port_state(port) or {}).get("handled", 0) >= target,
+                     600, 0.5, f"{handled} handled")
+        seen[f"{total}"] = rss_kb(proc)
+
+    container(bench, port, chunk, after=keep_going)
+    first, last = seen[f"{chunk}"], seen[f"{total}"]
+    print(f"\nRSS of mdb run ({port}): {first / 1024:.1f} MiB after {chunk:,} messages, "
+          f"{last / 1024:.1f} MiB after {total:,} ({(last / first - 1) * 100:+.1f}%; target within 10%)")
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -390,8 +420,8 @@ def report(results: list[Result]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20000, help="messages per contestant and run")
-    parser.add_argument("--scenario", choices=[*SCENARIOS, "latency", "all"], default="all",
-                        help="all: every throughput scenario (latency runs only when named)")
+    parser.add_argument("--scenario", choices=[*SCENARIOS, "latency", "rss", "all"], default="all",
+                        help="all: every throughput scenario (latency and rss run only when named)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per contestant (the median counts)")
     parser.add_argument("--trace-n", type=int, default=500, help="messages of the traced pass (0: skip)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
@@ -411,6 +441,9 @@ def main() -> int:
         try:
             if scenarios == ["latency"]:
                 steady_latency(bench, args)
+                return 0
+            if scenarios == ["rss"]:
+                rss_growth(bench, args)
                 return 0
             results = [r for s in scenarios for r in run_scenario(bench, s, args)]
         except Exception as exc:  # one line; the queue and schema are removed all the same
