@@ -104,7 +104,11 @@ class ContainerProcess:
                                      cwd=self.cwd)
         log.close()
         if wait:
-            self.wait_started(timeout)
+            try:
+                self.wait_started(timeout)
+            except BaseException:  # ``with`` never reaches __exit__ when __enter__ raises
+                self.kill()
+                raise
         return self
 
     @property
