@@ -156,11 +156,14 @@ class BatchPipeline(Pipeline):
 
     def _fall_back(self, batch: list[_Gathered], outcome: BatchOutcome) -> None:
         """Roll back (done), count nothing, and run each message alone in its own unit of work."""
+        self.batch_port.record_fallback()
+        self.resources.metrics.batch_fallback(self.port.name)
         if outcome.kind == "failed":
-            self.batch_port.record_fallback()
-            self.resources.metrics.batch_fallback(self.port.name)
             log.warning("port %s: a batch of %d rolled back (%s); running each message alone",
                         self.port.name, len(batch), describe(outcome.error))
+        else:  # bean-managed: a message of the batch was claimed already
+            log.info("port %s: a batch of %d holds a message applied before (%s); running each "
+                     "message alone", self.port.name, len(batch), outcome.error)
         for index, item in enumerate(batch):
             if self.port.stopping:  # stopped for failures meanwhile: the rest go back uncounted
                 for rest in batch[index:]:
