@@ -82,12 +82,30 @@ def run(
     port: Annotated[
         list[str] | None, typer.Option("--port", help="Run only this port (repeatable).")
     ] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option("--processes", min=1, max=64,
+                     help="Run N container processes under one supervisor (default: "
+                          "container.processes, 1: no supervisor)."),
+    ] = None,
+    supervisor: Annotated[int | None, typer.Option("--supervisor", hidden=True)] = None,
+    process_index: Annotated[int | None, typer.Option("--process-index", hidden=True)] = None,
 ) -> None:
     """Run the container: every port of the settings, or only the named ones."""
     from .container import Container
 
     settings = settings_for(config)
+    if supervisor is not None:  # one of the N processes of a supervisor (supervisor.py)
+        from .supervisor import run_supervised
+
+        setup_logging(settings.container, process_index)
+        raise typer.Exit(guarded(lambda: run_supervised(settings, port, supervisor)))
     setup_logging(settings.container)
+    count = processes or settings.container.processes
+    if count > 1:
+        from .supervisor import Supervisor
+
+        raise typer.Exit(guarded(lambda: Supervisor(settings, count, port)).run())
     container = guarded(lambda: Container(settings, ports=port))
     raise typer.Exit(guarded(container.run))
 

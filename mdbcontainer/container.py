@@ -293,6 +293,10 @@ class Container:
     def _pause(self, seconds: float) -> None:
         self._stop.wait(seconds)
 
+    def request_stop(self) -> None:
+        """Stop as the first SIGTERM would (gracefully), without counting as a signal."""
+        self._stop.set()
+
     def run(self) -> int:
         """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early)."""
         signals = {"count": 0}

@@ -92,6 +92,8 @@ class ContainerSettings(_Strict):
     table_prefix: str = Field(default="mdb_", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     db_schema: str | None = None
     control_interval: Duration = timedelta(seconds=1)
+    # Container processes of one ``mdb run`` (a supervisor runs them when > 1: supervisor.py).
+    processes: int = Field(default=1, ge=1, le=64)
     ssl_ca: str | None = None
     ssl_cert: str | None = None
     ssl_key: str | None = None
