@@ -7,6 +7,7 @@ The tree::
     ├── ListenerError             a listener module or a handler cannot be bound (exit 2)
     ├── BrokerError               the broker refused or could not be reached
     │   ├── BrokerUnavailable     no connection within ``connect_timeout``
+    │   ├── SubscriptionInUse     a durable subscription already has its one active subscriber
     │   └── PublishError          the broker did not confirm a publish
     │       └── Unroutable        a mandatory publish reached no queue
     ├── RequestTimeout            ``Producer.request`` got no reply in time
@@ -37,6 +38,10 @@ class BrokerError(MdbError):
 
 class BrokerUnavailable(BrokerError):
     """No connection to the broker could be made within the connect timeout."""
+
+
+class SubscriptionInUse(BrokerError):
+    """A durable subscription already has its one active subscriber (JMS allows one)."""
 
 
 class PublishError(BrokerError):

@@ -44,20 +44,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import FrameType, TracebackType
 
+import tenacity
+
 from .acknowledge import check_mode
 from .broker import Broker, describe
 from .container import Container, bind
 from .control import Control
 from .errors import SettingsError
 from .logs import fields
-from .port import ReconnectPolicy
+from .retry import RetryPolicy
 from .settings import Settings
 from .store import Store, utcnow
 
 log = logging.getLogger("mdbcontainer.supervisor")
 
-# The project's backoff shape (exponential, capped), with delays fit for a process start.
-RESTART_BACKOFF = ReconnectPolicy(initial=0.5, maximum=30.0)
+# The project's retry policy (exponential, capped), with delays fit for a process start.
+RESTART_BACKOFF = RetryPolicy(initial=0.5, maximum=30.0)
 # A child that ran this long before it died is not crash-looping: its backoff starts over.
 STABLE_AFTER = 60.0
 # How often a child checks that its supervisor still lives (where no death signal exists).
@@ -95,6 +97,13 @@ def exit_status(returncode: int) -> str:
             return f"killed by {signal.Signals(-returncode).name}"
         return f"killed by signal {-returncode}"
     return f"exited with status {returncode}"
+
+
+def backoff_delay(policy: RetryPolicy, attempt: int) -> float:
+    """The wait after failure ``attempt`` (1, 2, ...), as the policy's tenacity wait computes it."""
+    state = tenacity.RetryCallState(tenacity.Retrying(), fn=None, args=(), kwargs={})
+    state.attempt_number = attempt
+    return float(policy.wait()(state))
 
 
 @dataclass
@@ -152,7 +161,7 @@ class Supervisor:
     """Runs N container processes until SIGTERM or SIGINT, starting dead ones again."""
 
     def __init__(self, settings: Settings, processes: int, ports: list[str] | None = None, *,
-                 backoff: ReconnectPolicy = RESTART_BACKOFF) -> None:
+                 backoff: RetryPolicy = RESTART_BACKOFF) -> None:
         validate(settings, ports, processes)
         self.settings = settings
         self.ports = ports or []
@@ -220,7 +229,7 @@ class Supervisor:
 
     def _schedule(self, slot: Slot, status: str, pid: int | None, lived: float) -> None:
         slot.deaths = 1 if lived >= STABLE_AFTER else slot.deaths + 1
-        delay = self.backoff.delay(slot.deaths)
+        delay = backoff_delay(self.backoff, slot.deaths)
         slot.restart_at = time.monotonic() + delay
         who = f"container process {slot.index}" + (f" (pid {pid})" if pid is not None else "")
         log.warning("%s %s after %.1fs; starting it again in %.1fs", who, status, lived, delay,
