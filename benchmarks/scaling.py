@@ -5,7 +5,9 @@ calibrated here on this machine's CPU time). For each set-up (processes x
 consumer threads per process) the supervisor starts with the port stopped,
 N persistent messages are loaded, ``mdb port start`` lets every process
 consume, and the rate is N over the time from the first handled message (in
-any process) to the last. ``--processes 1`` with two consumer threads shows
+any process) to the last. "cores used" is the CPU time of all the container
+processes over that time: on an idle 2-core machine it cannot pass 2, which
+is where the rate flattens; on a busy one it shows the share they got. ``--processes 1`` with two consumer threads shows
 what threads give a CPU-bound handler: the GIL lets one run at a time.
 Not a test: it prints figures and the load average, which on a shared
 machine moves them a lot. See benchmarks/README.md.
@@ -62,15 +64,32 @@ def _cpu(iterations: int) -> float:
     return time.thread_time() - start
 
 
+@dataclass(frozen=True)
+class Measure:
+    """One run: messages per second, and the CPU the container processes used."""
+
+    rate: float
+    cores: float  # CPU seconds per wall-clock second, all processes together
+    cpu_ms: float  # CPU milliseconds per message, all processes together
+
+
 @dataclass
 class Result:
     processes: int
     threads: int
-    rates: list[float] = field(default_factory=list)
+    runs: list[Measure] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
-        return statistics.median(self.rates)
+        return statistics.median(m.rate for m in self.runs)
+
+    @property
+    def cores(self) -> float:
+        return statistics.median(m.cores for m in self.runs)
+
+    @property
+    def cpu_ms(self) -> float:
+        return statistics.median(m.cpu_ms for m in self.runs)
 
 
 class Run:
@@ -121,7 +140,7 @@ class Run:
             wait_for(lambda: channel.queue_declare(queue=self.queue, passive=True).message_count
                      == self.n, 60, 0.1, f"{self.n} messages on {self.queue}")
 
-    def measure(self) -> float:
+    def measure(self) -> Measure:
         """Start the supervisor with the port stopped, load, start the port, drain; msg/s."""
         self.mdb("port", "stop", PORT)
         log = (self.tmp / "supervisor.log").open("wb")
@@ -153,12 +172,14 @@ class Run:
             raise BenchError(f"the supervisor exited with {proc.returncode}: {(tail or ['-'])[-1]}")
         return True
 
-    def _rate(self) -> float:
+    def _rate(self) -> Measure:
         stats = [tuple(float(x) for x in p.read_text().split()) for p in self.tmp.glob("*.txt")]
         count = int(sum(s[0] for s in stats))
         if count != self.n:
             raise BenchError(f"{count} messages handled, {self.n} sent")
-        return self.n / (max(s[2] for s in stats) - min(s[1] for s in stats))
+        wall = max(s[2] for s in stats) - min(s[1] for s in stats)
+        cpu = sum(s[3] for s in stats)
+        return Measure(self.n / wall, cpu / wall, cpu / self.n * 1000)
 
     def close(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -180,10 +201,12 @@ def loads() -> str:
 
 def report(results: list[Result]) -> None:
     base = results[0].rate
-    print(f"\n{'processes':>9} {'threads':>7} {'msg/s':>7} {'ratio':>6}  runs (msg/s)")
+    print(f"\n{'processes':>9} {'threads':>7} {'msg/s':>7} {'ratio':>6} {'cores used':>10} "
+          f"{'CPU ms/msg':>10}  runs (msg/s)")
     for r in results:
-        runs = " ".join(f"{rate:,.0f}" for rate in r.rates)
-        print(f"{r.processes:>9} {r.threads:>7} {r.rate:>7,.0f} {r.rate / base:>6.2f}  {runs}")
+        runs = " ".join(f"{m.rate:,.0f}" for m in r.runs)
+        print(f"{r.processes:>9} {r.threads:>7} {r.rate:>7,.0f} {r.rate / base:>6.2f} {r.cores:>10.2f} "
+              f"{r.cpu_ms:>10.2f}  {runs}")
 
 
 def main() -> int:
@@ -202,11 +225,12 @@ def main() -> int:
             for result in results:
                 run = Run(result.processes, result.threads, args.n, spin, args.transaction)
                 try:
-                    result.rates.append(run.measure())
+                    result.runs.append(run.measure())
                 finally:
                     run.close()
+                last = result.runs[-1]
                 print(f"  {result.processes} process(es) x {result.threads} thread(s): "
-                      f"{result.rates[-1]:,.0f} msg/s (load {loads()})", flush=True)
+                      f"{last.rate:,.0f} msg/s, {last.cores:.2f} cores (load {loads()})", flush=True)
     except Exception as exc:  # one line; queues and schemas are removed all the same
         print(f"benchmark failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
