@@ -10,6 +10,7 @@ zombie left for init to reap does not count as alive.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -26,7 +27,7 @@ from mdbcontainer.control import Control
 from mdbcontainer.errors import MdbError, SettingsError
 from mdbcontainer.settings import load_settings
 from mdbcontainer.store import Store
-from mdbcontainer.supervisor import validate
+from mdbcontainer.supervisor import STABLE_AFTER, Supervisor, validate
 from mdbcontainer.testing import wait_for, write_settings
 from tests.conftest import ROOT, Backend
 
@@ -290,3 +291,17 @@ def test_a_process_whose_supervisor_is_gone_stops_by_itself(embedded: Backend) -
     assert result.returncode == 0, result.stderr
     assert "[process 1]" in result.stderr
     assert "supervisor (pid 1) is gone: stopping this container gracefully" in result.stderr
+
+
+def test_restart_delays_double_up_to_30s_and_start_over_after_a_stable_run(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    settings = load_settings(settings_file(tmp_path, {"Work": {"destination": "W"}}), environ={})
+    supervisor = Supervisor(settings, 2)
+    supervisor.store.dispose()  # never run: no process starts, no row to forget
+    slot = supervisor.slots[1]
+    with caplog.at_level(logging.WARNING, logger="mdbcontainer.supervisor"):
+        for lived in (1.0, 2.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0, STABLE_AFTER, 1.0):
+            supervisor._schedule(slot, "killed by SIGKILL", 4242, lived)
+    delays = [float(m) for m in re.findall(r"starting it again in ([\d.]+)s", caplog.text)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 0.5, 1.0]
+    assert "container process 2 (pid 4242) killed by SIGKILL after 1.0s" in caplog.text
