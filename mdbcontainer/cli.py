@@ -123,6 +123,10 @@ def check(config: ConfigOption = None) -> None:
     caps = Broker(settings).capabilities
     for binding in bindings:
         guarded(partial(check_mode, settings.source, binding.name, binding.settings.acknowledge, caps))
+    if settings.container.processes > 1:  # what the supervisor refuses (a durable port, metrics ports)
+        from .supervisor import validate
+
+        guarded(lambda: validate(settings, None, settings.container.processes))
     warnings = warnings_for(settings, bindings)
     for line in warnings:
         typer.echo(f"warning: {line}", err=True)

@@ -258,13 +258,18 @@ def settings_file(tmp_path: Path, ports: dict[str, Any], listener: str = "work",
 
 def test_a_settings_error_exits_2_in_one_line_before_any_process_starts(tmp_path: Path) -> None:
     durable = {"topic": "t", "client_id": "c", "subscription": "s", "durable": True}
-    settings = settings_file(tmp_path, {"Jms": durable}, listener="jms")
-    result = run_mdb(settings, "--processes", "2")
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "ports.Jms: a durable subscription has one active subscriber (JMS)" in lines[0]
-    assert "container process" not in result.stderr and not (tmp_path / "db.sqlite").exists()
+    settings = settings_file(tmp_path, {"Jms": durable}, listener="jms", processes=2)
+    for command in ("run", "check"):
+        result = subprocess.run(
+            [sys.executable, "-m", "mdbcontainer", command, "-c", str(settings)],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert result.returncode == 2, result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, result.stderr
+        assert "ports.Jms: a durable subscription has one active subscriber (JMS)" in lines[0]
+    assert not (tmp_path / "db.sqlite").exists(), "no container process started"
 
 
 @pytest.mark.parametrize(("container", "ports", "culprit"), [
