@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 
 from mdbcontainer.control import Control
 from mdbcontainer.errors import MdbError, SettingsError
+from mdbcontainer.logs import JsonFormatter, TextFormatter
 from mdbcontainer.settings import load_settings
 from mdbcontainer.store import Store
 from mdbcontainer.supervisor import STABLE_AFTER, Supervisor, validate
@@ -313,3 +314,11 @@ def test_restart_delays_double_up_to_30s_and_start_over_after_a_stable_run(
     delays = [float(m) for m in re.findall(r"starting it again in ([\d.]+)s", caplog.text)]
     assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 0.5, 1.0]
     assert "container process 2 (pid 4242) killed by SIGKILL after 1.0s" in caplog.text
+
+
+def test_each_log_line_names_its_process_in_text_and_json() -> None:
+    record = logging.LogRecord("mdbcontainer.port", logging.INFO, __file__, 1, "port %s started",
+                               ("Work",), None)
+    assert "[process 3] mdbcontainer.port [MainThread] port Work started" in TextFormatter(3).format(record)
+    assert json.loads(JsonFormatter(3).format(record))["process"] == 3
+    assert "process" not in json.loads(JsonFormatter().format(record)), "one process: no label"
