@@ -14,9 +14,11 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -221,12 +223,32 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_container_running(embedded: 
     assert embedded.effects() == {"in-flight": 1}, "the delivery in flight finished before the stop"
 
 
+def two_free_ports() -> int:
+    """A port P such that P and P + 1 are free now."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return int(port)
+    raise AssertionError("no two free ports in a row")
+
+
 def test_ctrl_c_reaches_the_supervisor_which_stops_each_process_once(embedded: Backend) -> None:
     queue = embedded.q("CTRLC")
-    settings = embedded.write(ports={"Work": {"destination": queue, "concurrency": 2}}, processes=2)
+    metrics = two_free_ports()
+    settings = embedded.write(ports={"Work": {"destination": queue, "concurrency": 2}}, processes=2,
+                              metrics_port=metrics, metrics_host="127.0.0.1")
     ids = [f"c{i}" for i in range(20)]
     with Supervised(settings, embedded.env) as supervisor:  # processes = 2 from the settings
         supervisor.wait_containers(2)
+        for port in (metrics, metrics + 1):  # process N serves on metrics_port + N - 1
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+                assert answer.status == 200
         with embedded.producer(settings) as producer:
             for n, mid in enumerate(ids):
                 producer.send(queue, {"n": n}, message_id=mid)
