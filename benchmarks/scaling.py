@@ -43,7 +43,7 @@ from mdbcontainer.testing import wait_for, write_settings  # noqa: E402
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PORT = "BenchCpu"
-PREFETCH = 20
+PREFETCH = 100  # enough buffered per consumer that a slow broker on a busy machine does not starve it
 SETUPS = [(1, 1), (1, 2), (2, 1), (4, 1)]  # (processes, consumer threads per process)
 
 
@@ -95,7 +95,8 @@ class Result:
 class Run:
     """One supervisor's queue, schema and folder; ``close()`` removes them."""
 
-    def __init__(self, processes: int, threads: int, n: int, spin: int, transaction: str) -> None:
+    def __init__(self, processes: int, threads: int, n: int, spin: int, transaction: str,
+                 prefetch: int) -> None:
         self.processes, self.n = processes, n
         self.tag = uuid.uuid4().hex[:8]
         self.queue, self.schema = f"scaling-{self.tag}", f"scaling_{self.tag}"
@@ -109,7 +110,7 @@ class Run:
                           "dead_letter_queue": f"{self.queue}.DLQ", "control_interval": "100ms",
                           "log_level": "WARNING"},
             "ports": {PORT: {"destination": self.queue, "transaction": transaction,
-                             "concurrency": threads, "prefetch": PREFETCH}},
+                             "concurrency": threads, "prefetch": prefetch}},
         })
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
                     "BENCH_DIR": str(self.tmp), "BENCH_SPIN": str(spin)}
@@ -213,17 +214,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=4000, help="messages per run")
     parser.add_argument("--repeat", type=int, default=1, help="runs per set-up (the median counts)")
+    parser.add_argument("--prefetch", type=int, default=PREFETCH, help="per consumer")
     parser.add_argument("--transaction", choices=["none", "container"], default="none",
                         help="the port's transaction kind (container: once-only CMT, a commit a message)")
     args = parser.parse_args()
     spin = calibrate()
-    print(f"N={args.n}, transaction {args.transaction}, prefetch {PREFETCH}, {spin} loop iterations "
+    print(f"N={args.n}, transaction {args.transaction}, prefetch {args.prefetch}, {spin} loop iterations "
           f"= 1 ms of CPU per message; {os.cpu_count()} cores; load averages before: {loads()}")
     results = [Result(p, t) for p, t in SETUPS]
     try:
         for _ in range(args.repeat):
             for result in results:
-                run = Run(result.processes, result.threads, args.n, spin, args.transaction)
+                run = Run(result.processes, result.threads, args.n, spin, args.transaction,
+                          args.prefetch)
                 try:
                     result.runs.append(run.measure())
                 finally:

@@ -31,8 +31,8 @@ from mdbcontainer.logs import JsonFormatter, TextFormatter
 from mdbcontainer.settings import load_settings
 from mdbcontainer.store import Store
 from mdbcontainer.supervisor import STABLE_AFTER, Supervisor, validate
-from mdbcontainer.testing import wait_for, write_settings
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import mdb, wait_for, write_settings
+from tests.conftest import ROOT, Backend, one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -85,10 +85,7 @@ class Supervised:
     def containers(self, cli: bool = False) -> dict[int, dict[str, Any]]:
         """The containers ``mdb ports --json`` shows, by pid (read in this process unless ``cli``)."""
         if cli:
-            result = subprocess.run(
-                [sys.executable, "-m", "mdbcontainer", "ports", "--json", "-c", str(self.settings)],
-                capture_output=True, text=True, env=self.env, cwd=ROOT, timeout=60,
-            )
+            result = mdb("ports", "--json", settings=self.settings, env=self.env, cwd=ROOT)
             assert result.returncode == 0, result.stderr
             rows = json.loads(result.stdout)
         else:
@@ -263,15 +260,6 @@ def test_ctrl_c_reaches_the_supervisor_which_stops_each_process_once(embedded: B
     assert set(embedded.effects().values()) == {1}
 
 
-def run_mdb(settings: Path, *args: str, env: dict[str, str] | None = None,
-            ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", "run", "-c", str(settings), *args],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
-
-
 def settings_file(tmp_path: Path, ports: dict[str, Any], listener: str = "work",
                   **container: Any) -> Path:
     return write_settings(tmp_path / "settings.toml", {
@@ -286,15 +274,9 @@ def test_a_settings_error_exits_2_in_one_line_before_any_process_starts(tmp_path
     durable = {"topic": "t", "client_id": "c", "subscription": "s", "durable": True}
     settings = settings_file(tmp_path, {"Jms": durable}, listener="jms", processes=2)
     for command in ("run", "check"):
-        result = subprocess.run(
-            [sys.executable, "-m", "mdbcontainer", command, "-c", str(settings)],
-            capture_output=True, text=True, cwd=ROOT, timeout=60,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        assert result.returncode == 2, result.stderr
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1, result.stderr
-        assert "ports.Jms: a durable subscription has one active subscriber (JMS)" in lines[0]
+        result = mdb(command, settings=settings, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
+        line = one_line_error(result, 2)
+        assert "ports.Jms: a durable subscription has one active subscriber (JMS)" in line
     assert not (tmp_path / "db.sqlite").exists(), "no container process started"
 
 
@@ -318,7 +300,8 @@ def test_processes_must_be_at_least_1(tmp_path: Path) -> None:
 def test_a_process_whose_supervisor_is_gone_stops_by_itself(embedded: Backend) -> None:
     """The portable fallback: the parent pid it was given is not its parent, so it stops."""
     settings = embedded.write(ports={"Work": {"destination": embedded.q("GONE")}})
-    result = run_mdb(settings, "--supervisor", "1", "--process-index", "1", env=embedded.env)
+    result = mdb("run", "--supervisor", "1", "--process-index", "1", settings=settings, env=embedded.env,
+                 cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "[process 1]" in result.stderr
     assert "supervisor (pid 1) is gone: stopping this container gracefully" in result.stderr
