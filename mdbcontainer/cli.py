@@ -106,7 +106,8 @@ def run(
     if count > 1:
         from .supervisor import Supervisor
 
-        raise typer.Exit(guarded(lambda: Supervisor(settings, count, port)).run())
+        supervisor_of = guarded(lambda: Supervisor(settings, count, port))
+        raise typer.Exit(guarded(supervisor_of.run))
     container = guarded(lambda: Container(settings, ports=port))
     raise typer.Exit(guarded(container.run))
 
