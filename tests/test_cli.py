@@ -153,3 +153,15 @@ def test_check_refuses_a_mode_the_embedded_broker_cannot_provide(tmp_path: Path)
     result = mdb("check", "-c", str(path))
     assert result.returncode == 2
     assert "ports.Work.acknowledge: 'transacted' needs AMQP channel transactions" in one_line_error(result)
+
+
+def test_license_is_the_spdx_string_setuptools_asks_for() -> None:
+    """A license table makes every ``pip install`` print a deprecation warning (setuptools >= 77)."""
+    import re
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert data["project"]["license"] == "Apache-2.0"
+    (setuptools,) = [r for r in data["build-system"]["requires"] if r.startswith("setuptools")]
+    minimum = re.fullmatch(r"setuptools>=(\d+)(\.\d+)*", setuptools)
+    assert minimum and int(minimum.group(1)) >= 77, "SPDX strings need setuptools >= 77"
