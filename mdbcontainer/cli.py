@@ -21,17 +21,22 @@ from .errors import ListenerError, MdbError, SettingsError
 from .logs import setup_logging
 from .settings import Settings, load_settings, mask_url
 
+# ``-h`` is ``--help`` everywhere: click hands the setting down to every subcommand's context.
+HELP = {"help_option_names": ["-h", "--help"]}
+
 app = typer.Typer(
     name="mdb",
     help="Run and operate message-driven handlers behind listener ports.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings=HELP,
 )
 port_app = typer.Typer(help="Start or stop a listener port in the running containers.",
-                       no_args_is_help=True)
-dlq_app = typer.Typer(help="Browse, replay and purge backout queues.", no_args_is_help=True)
-dedup_app = typer.Typer(help="Maintain the dedup table.", no_args_is_help=True)
+                       no_args_is_help=True, context_settings=HELP)
+dlq_app = typer.Typer(help="Browse, replay and purge backout queues.", no_args_is_help=True,
+                      context_settings=HELP)
+dedup_app = typer.Typer(help="Maintain the dedup table.", no_args_is_help=True, context_settings=HELP)
 app.add_typer(port_app, name="port")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(dedup_app, name="dedup")
@@ -71,6 +76,25 @@ def settings_for(config: Path | None) -> Settings:
 
 def usage_error(message: str) -> NoReturn:
     fail(message, 2)
+
+
+def print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"mdb (mdbcontainer) {version('mdbcontainer')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    _version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=print_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """Run and operate message-driven handlers behind listener ports."""
 
 
 # -- run and check -------------------------------------------------------------

@@ -165,3 +165,42 @@ def test_license_is_the_spdx_string_setuptools_asks_for() -> None:
     (setuptools,) = [r for r in data["build-system"]["requires"] if r.startswith("setuptools")]
     minimum = re.fullmatch(r"setuptools>=(\d+)(\.\d+)*", setuptools)
     assert minimum and int(minimum.group(1)) >= 77, "SPDX strings need setuptools >= 77"
+
+
+def every_command_path() -> list[list[str]]:
+    """``[]``, ``["run"]``, ``["dlq"]``, ``["dlq", "list"]``...: every command and group of ``mdb``."""
+    import typer.main
+
+    from mdbcontainer.cli import app
+
+    def walk(command: object, path: list[str]) -> list[list[str]]:
+        found = [path]
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            found += walk(sub, [*path, name])
+        return found
+
+    return walk(typer.main.get_command(app), [])
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    result = mdb("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"mdb (mdbcontainer) {version('mdbcontainer')}"
+
+
+def test_dash_h_is_help_on_every_command() -> None:
+    from typer.testing import CliRunner
+
+    from mdbcontainer.cli import app
+
+    runner = CliRunner()
+    paths = every_command_path()
+    assert ["dlq", "list"] in paths and ["port", "start"] in paths  # the walk reaches subcommands
+    for path in paths:
+        short = runner.invoke(app, [*path, "-h"], prog_name="mdb", terminal_width=100)
+        long = runner.invoke(app, [*path, "--help"], prog_name="mdb", terminal_width=100)
+        assert short.exit_code == 0, (path, short.output)
+        assert "Usage: mdb" in short.output
+        assert short.output == long.output, path
