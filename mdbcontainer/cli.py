@@ -8,6 +8,7 @@ Every command takes ``-c/--config FILE`` (else ``$MDB_SETTINGS``, else
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -15,6 +16,14 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+
+try:  # recent typer vendors click; before, it used click itself
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover
+    from click.exceptions import (  # type: ignore[import-not-found,no-redef]
+        ClickException,
+        NoArgsIsHelpError,
+    )
 from sqlalchemy.exc import SQLAlchemyError
 
 from .errors import ListenerError, MdbError, SettingsError
@@ -151,6 +160,9 @@ def parse_body(text: str) -> Any:
             text = Path(source).read_text(encoding="utf-8")
         except OSError as exc:
             usage_error(f"BODY {source}: cannot read: {exc.strerror}")
+        except UnicodeDecodeError as exc:
+            usage_error(f"BODY {source}: not UTF-8 ({exc.reason} at byte {exc.start}); "
+                        "a body file holds JSON text")
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -389,8 +401,23 @@ def unsubscribe(
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point: click's usage errors, too, become one line (exit 2)."""
     try:
-        app()
-    except KeyboardInterrupt:
-        sys.exit(130)
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # ``mdb dlq``: typer has printed the group's help
+        code = exc.exit_code
+    except ClickException as exc:
+        context = getattr(exc, "ctx", None)
+        hint = f" (see {context.command_path} -h)" if context else ""
+        one_line = " ".join(exc.format_message().split())
+        typer.echo(f"mdb: error: {one_line}{hint}", err=True)
+        code = exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        code = 130
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if os.environ.get("MDB_TRACEBACK"):
+            raise
+        typer.echo(f"mdb: error: unexpected {type(exc).__name__}: {mask_url(str(exc))} "
+                   "(a bug; MDB_TRACEBACK=1 shows where)", err=True)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)

@@ -263,6 +263,8 @@ def _load_toml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SettingsError(f"{path}: settings file not found") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
     except OSError as exc:
         raise SettingsError(f"{path}: cannot read: {exc.strerror}") from None
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -204,3 +205,138 @@ def test_dash_h_is_help_on_every_command() -> None:
         assert short.exit_code == 0, (path, short.output)
         assert "Usage: mdb" in short.output
         assert short.output == long.output, path
+
+
+# -- bad input of every kind: one line, exit 1 or 2, never a traceback (issue 12 item 8) --------
+
+BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
+    # (case id, arguments ({good}, {tmp} filled in), environment, exit code, the culprit named)
+    ("unknown-command", ["nosuch"], {}, 2, "No such command 'nosuch'"),
+    ("unknown-option", ["send", "WORK", "{}", "--bogus", "-c", "{good}"], {}, 2, "--bogus"),
+    ("missing-argument", ["send", "-c", "{good}"], {}, 2, "Missing argument"),
+    ("body-not-json", ["send", "WORK", "{not json", "-c", "{good}"], {}, 2, "BODY is not JSON"),
+    ("body-empty", ["send", "WORK", "", "-c", "{good}"], {}, 2, "BODY is not JSON"),
+    ("body-file-missing", ["send", "WORK", "@{tmp}/nope.json", "-c", "{good}"], {}, 2, "nope.json"),
+    ("body-file-is-a-folder", ["send", "WORK", "@{tmp}", "-c", "{good}"], {}, 2, "BODY"),
+    ("body-file-not-utf8", ["send", "WORK", "@{tmp}/latin1.json", "-c", "{good}"], {}, 2,
+     "latin1.json: not UTF-8"),
+    ("body-file-empty", ["send", "WORK", "@{tmp}/empty.json", "-c", "{good}"], {}, 2, "empty.json"),
+    ("body-file-not-json", ["send", "WORK", "@{tmp}/text.json", "-c", "{good}"], {}, 2,
+     "text.json is not JSON"),
+    ("ttl-not-a-duration", ["send", "WORK", "{}", "--ttl", "soon", "-c", "{good}"], {}, 2, "--ttl"),
+    ("ttl-zero", ["send", "WORK", "{}", "--ttl", "0s", "-c", "{good}"], {}, 2, "--ttl"),
+    ("ttl-negative", ["send", "WORK", "{}", "--ttl", "-5s", "-c", "{good}"], {}, 2, "--ttl"),
+    ("priority-not-a-number", ["send", "WORK", "{}", "--priority", "high", "-c", "{good}"], {}, 2,
+     "--priority"),
+    ("priority-out-of-range", ["send", "WORK", "{}", "--priority", "12", "-c", "{good}"], {}, 2,
+     "--priority"),
+    ("count-zero", ["send", "WORK", "{}", "--count", "0", "-c", "{good}"], {}, 2, "--count"),
+    ("header-without-value", ["send", "WORK", "{}", "-H", "novalue", "-c", "{good}"], {}, 2,
+     "key=value"),
+    ("timeout-not-a-duration", ["request", "WORK", "{}", "--timeout", "ever", "-c", "{good}"], {}, 2,
+     "--timeout"),
+    ("timeout-zero", ["request", "WORK", "{}", "--timeout", "0ms", "-c", "{good}"], {}, 2, "--timeout"),
+    ("settings-missing", ["check", "-c", "{tmp}/nope.toml"], {}, 2, "nope.toml: settings file not found"),
+    ("settings-is-a-folder", ["ports", "-c", "{tmp}"], {}, 2, "{tmp}"),
+    ("settings-not-utf8", ["check", "-c", "{tmp}/latin1.json"], {}, 2, "latin1.json"),
+    ("settings-not-toml", ["check", "-c", "{tmp}/text.json"], {}, 2, "text.json: invalid TOML"),
+    ("settings-from-env-missing", ["ports"], {"MDB_SETTINGS": "{tmp}/gone.toml"}, 2, "gone.toml"),
+    ("unknown-queue-option", ["check", "-c", "{tmp}/queue-typo.toml"], {}, 2,
+     "queues.WORK.backout_treshold"),
+    ("bad-duration-in-settings", ["check", "-c", "{good}"], {"MDB_CONTAINER__CONTROL_INTERVAL": "often"},
+     2, "container.control_interval"),
+    ("bad-number-in-env", ["check", "-c", "{good}"], {"MDB_PORTS__WORK__MAX_RETRIES": "many"}, 2,
+     "ports.Work.max_retries"),
+    ("unknown-port-to-run", ["run", "--port", "Wrok", "-c", "{good}"], {}, 2, "Wrok"),
+    ("unknown-port-to-start", ["port", "start", "Wrok", "-c", "{good}"], {}, 2, "Wrok"),
+    ("unknown-port-to-stop", ["port", "stop", "Wrok", "-c", "{good}"], {}, 2, "Wrok"),
+    ("older-than-not-a-duration", ["dedup", "purge", "--older-than", "old", "-c", "{good}"], {}, 2,
+     "--older-than"),
+    ("watch-and-json", ["ports", "--watch", "--json", "-c", "{good}"], {}, 2, "--watch"),
+    ("dlq-unknown-queue", ["dlq", "list", "NO.SUCH.QUEUE", "-c", "{good}"], {}, 1, "NO.SUCH.QUEUE"),
+    ("dlq-unknown-id", ["dlq", "show", "no-such-id", "-c", "{good}"], {}, 1, "no-such-id"),
+    ("dlq-replay-nothing", ["dlq", "replay", "-c", "{good}"], {}, 2, "--all"),
+    ("dlq-replay-ids-and-all", ["dlq", "replay", "x", "--all", "-c", "{good}"], {}, 2, "--all"),
+    ("dlq-purge-unconfirmed", ["dlq", "purge", "-c", "{good}"], {}, 2, "--yes"),
+    ("database-unreachable", ["ports", "-c", "{tmp}/no-db.toml"], {}, 1, "database"),
+    ("broker-url-scheme", ["check", "-c", "{good}"], {"MDB_CONTAINER__BROKER_URL": "redis://x"}, 2,
+     "container.broker_url"),
+]
+
+
+@pytest.fixture
+def bad_files(tmp_path: Path, good: Path) -> Path:
+    (tmp_path / "latin1.json").write_bytes('{"name": "Müller"}'.encode("latin-1"))
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "text.json").write_text("hello world\n")
+    write_settings(tmp_path / "queue-typo.toml", {
+        "container": {"listeners": ["tests.apps.work"], "database_url": f"sqlite:///{tmp_path}/d.db",
+                      "broker_url": f"embedded://{tmp_path}/b.db"},
+        "queues": {"WORK": {"backout_treshold": 3}},
+        "ports": {"Work": {"destination": "WORK"}},
+    })
+    write_settings(tmp_path / "no-db.toml", {"container": {
+        "listeners": [], "database_url": "postgresql+psycopg://postgres@127.0.0.1:1/test",
+    }})
+    return tmp_path
+
+
+@pytest.mark.parametrize(("args", "env", "code", "culprit"), [c[1:] for c in BAD_INPUT],
+                         ids=[c[0] for c in BAD_INPUT])
+def test_every_bad_input_is_one_line_without_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], good: Path, bad_files: Path,
+    args: list[str], env: dict[str, str], code: int, culprit: str,
+) -> None:
+    """In-process through the console entry point: fast, and any exception escaping fails here."""
+    from mdbcontainer.cli import main
+
+    def fill(text: str) -> str:
+        return text.replace("{good}", str(good)).replace("{tmp}", str(bad_files))
+
+    monkeypatch.chdir(bad_files)
+    # ``mdb run`` sets up logging on the root logger: give it back to pytest afterwards.
+    monkeypatch.setattr(logging.root, "handlers", logging.root.handlers[:])
+    monkeypatch.setattr(logging.root, "level", logging.root.level)
+    monkeypatch.delenv("MDB_SETTINGS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, fill(value))
+    monkeypatch.setattr(sys, "argv", ["mdb", *(fill(a) for a in args)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert exited.value.code == code, captured.err
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err
+    assert lines[0].startswith("mdb: error: ")
+    assert fill(culprit) in lines[0]
+
+
+def test_a_body_file_that_is_not_utf8_is_one_line(good: Path, tmp_path: Path) -> None:
+    """The report of issue 12, as a user runs it: a subprocess, through ``python -m mdbcontainer``."""
+    (tmp_path / "latin1.json").write_bytes('{"name": "Müller"}'.encode("latin-1"))
+    result = mdb("send", "WORK", f"@{tmp_path / 'latin1.json'}", "-c", str(good))
+    assert result.returncode == 2
+    assert "latin1.json: not UTF-8" in one_line_error(result)
+
+
+def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], good: Path,
+) -> None:
+    from mdbcontainer import cli, operate
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("amqp://guest:secret@host went odd")
+
+    monkeypatch.setattr(operate, "show_ports", broken)
+    monkeypatch.setattr(sys, "argv", ["mdb", "ports", "-c", str(good)])
+    monkeypatch.delenv("MDB_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == (
+        "mdb: error: unexpected RuntimeError: amqp://guest:***@host went odd "
+        "(a bug; MDB_TRACEBACK=1 shows where)\n")
+    monkeypatch.setenv("MDB_TRACEBACK", "1")
+    with pytest.raises(RuntimeError):
+        cli.main()
