@@ -8,6 +8,7 @@ outbox and purge old dedup rows until SIGTERM or SIGINT.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import signal
@@ -57,11 +58,18 @@ class Binding:
 def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
     """Import the listeners and pair each port with its handler; one-line errors otherwise."""
     search = Path(settings.source).parent if settings.source.endswith(".toml") else None
-    handlers = import_listeners(settings.container.listeners, search)
+    try:
+        handlers = import_listeners(settings.container.listeners, search)
+    except ListenerError as exc:  # name the file that asked for the module
+        raise ListenerError(f"{settings.source}: container.listeners: {exc}") from exc
     names = sorted(set(handlers) | set(settings.ports))
     unknown = [n for n in only or [] if n not in names]
     if unknown:
-        raise ListenerError(f"--port {unknown[0]!r}: no such port (ports: {', '.join(names) or 'none'})")
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f". Did you mean {close[0]!r}?" if close else ""
+        raise ListenerError(
+            f"--port {unknown[0]!r}: no such port (ports: {', '.join(names) or 'none'}){hint}"
+        )
     bindings = []
     for name in names:
         spec = handlers.get(name)
@@ -69,18 +77,30 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
             raise ListenerError(
                 f"{settings.source}: ports.{name}: no handler: no @message_driven({name!r}) in "
                 f"the listener modules {settings.container.listeners}"
+                + misspelled(name, [h for h in handlers if h not in settings.ports], handlers)
             )
         merged = {**spec.defaults, **settings.port_overrides(name)}
         if "destination" not in merged and "topic" not in merged:
             raise ListenerError(
                 f"{spec.name}: port {name!r} has no destination: set [ports.{name}] destination "
                 f"in {settings.source} or @message_driven({name!r}, destination=...)"
+                + misspelled(name, [p for p in settings.ports if p not in handlers], handlers)
             )
-        bindings.append(Binding(name, spec, validate_port(settings.source, name, merged)))
+        bindings.append(Binding(name, spec, validate_port(settings.source, name, merged, settings.overrides)))
         _refuse_backout_loop(settings, name, bindings[-1].settings)
     if not bindings:
         raise ListenerError(f"{settings.source}: no ports: container.listeners registers no handler")
     return [b for b in bindings if not only or b.name in only]
+
+
+def misspelled(name: str, others: list[str], handlers: dict[str, HandlerSpec]) -> str:
+    """``. Did you mean ...?`` when a decorator's port name and a settings port differ by a typo."""
+    close = difflib.get_close_matches(name, others, n=1)
+    if not close:
+        return ""
+    decorated, configured = (close[0], name) if close[0] in handlers else (name, close[0])
+    return (f". Did you mean @message_driven({configured!r}) in {handlers[decorated].name}, "
+            f"which says {decorated!r}?")
 
 
 def _refuse_backout_loop(settings: Settings, name: str, port: PortSettings) -> None:

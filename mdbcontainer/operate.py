@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from datetime import timedelta
 
@@ -53,8 +54,10 @@ def switch_port(settings: Settings, name: str, state: str, as_json: bool = False
     known = {b.name for b in bind(settings)}
     if name not in known:
         # A bad argument, as ``mdb run --port NAME`` says: exit 2, not a reported failure.
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f". Did you mean {close[0]!r}?" if close else ""
         raise ListenerError(
-            f"no port {name!r} in {settings.source} (ports: {', '.join(sorted(known))})"
+            f"no port {name!r} in {settings.source} (ports: {', '.join(sorted(known))}){hint}"
         )
     reason = "" if state == "started" else STOPPED_BY_OPERATOR
     Control(_store(settings)).set_port(name, state, reason)

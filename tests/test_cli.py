@@ -244,11 +244,12 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
     ("unknown-queue-option", ["check", "-c", "{tmp}/queue-typo.toml"], {}, 2,
      "queues.WORK.backout_treshold"),
     ("bad-duration-in-settings", ["check", "-c", "{good}"], {"MDB_CONTAINER__CONTROL_INTERVAL": "often"},
-     2, "container.control_interval"),
+     2, "environment variable MDB_CONTAINER__CONTROL_INTERVAL: container.control_interval"),
     ("bad-number-in-env", ["check", "-c", "{good}"], {"MDB_PORTS__WORK__MAX_RETRIES": "many"}, 2,
-     "ports.Work.max_retries"),
-    ("unknown-port-to-run", ["run", "--port", "Wrok", "-c", "{good}"], {}, 2, "Wrok"),
-    ("unknown-port-to-start", ["port", "start", "Wrok", "-c", "{good}"], {}, 2, "Wrok"),
+     "environment variable MDB_PORTS__WORK__MAX_RETRIES: ports.Work.max_retries"),
+    ("unknown-port-to-run", ["run", "--port", "Wrok", "-c", "{good}"], {}, 2,
+     "'Wrok': no such port (ports: Work). Did you mean 'Work'?"),
+    ("unknown-port-to-start", ["port", "start", "Wrok", "-c", "{good}"], {}, 2, "Did you mean 'Work'?"),
     ("unknown-port-to-stop", ["port", "stop", "Wrok", "-c", "{good}"], {}, 2, "Wrok"),
     ("older-than-not-a-duration", ["dedup", "purge", "--older-than", "old", "-c", "{good}"], {}, 2,
      "--older-than"),
@@ -260,7 +261,7 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
     ("dlq-purge-unconfirmed", ["dlq", "purge", "-c", "{good}"], {}, 2, "--yes"),
     ("database-unreachable", ["ports", "-c", "{tmp}/no-db.toml"], {}, 1, "database"),
     ("broker-url-scheme", ["check", "-c", "{good}"], {"MDB_CONTAINER__BROKER_URL": "redis://x"}, 2,
-     "container.broker_url"),
+     "environment variable MDB_CONTAINER__BROKER_URL: container.broker_url"),
 ]
 
 
