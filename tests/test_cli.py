@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,12 +129,41 @@ def test_unreachable_broker_is_exit_1_without_the_password(tmp_path: Path) -> No
     assert "topsecret" not in result.stderr + result.stdout
 
 
-def test_help_explains_each_option() -> None:
-    result = mdb("send", "--help")
+def test_help_explains_every_option_in_one_style() -> None:
+    """Every argument and option says what it is for; placeholders are UPPERCASE; flags take none."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from mdbcontainer.cli import app
+
+    root = typer.main.get_command(app)
+    runner = CliRunner()
+    for path in every_command_path():
+        command: Any = root
+        for name in path:
+            command = command.commands[name]
+        for param in command.params:
+            if param.hidden or param.name == "help":
+                continue
+            assert param.help, (path, param.name)  # documented, --correlation-id and NAME included
+            if getattr(param, "is_flag", False):
+                assert param.metavar is None, (path, param.name)
+            else:
+                assert re.fullmatch(r"[A-Z][A-Z_]*(=[A-Z]+)?", param.metavar or ""), (path, param.name)
+        shown = runner.invoke(app, [*path, "-h"], prog_name="mdb", terminal_width=80).output
+        assert not re.search(r"<(str|bool|int|path|list)", shown), (path, shown)  # no type labels
+        assert not re.search(r"\{[a-z]", shown), (path, shown)  # no {destination} beside {ID}
+        assert all(len(line) <= 80 for line in shown.splitlines()), (path, shown)
+
+
+def test_send_help_names_each_option_with_its_placeholder() -> None:
+    result = mdb("send", "-h")
     assert result.returncode == 0
-    for option in ("--priority", "--ttl", "--non-persistent", "--id", "--header", "--reply-to",
-                   "--correlation-id", "--count"):
+    assert "Usage: mdb send [OPTIONS] {DEST} {BODY}" in result.stdout
+    for option in ("--priority N", "--ttl DURATION", "--id ID", "-H, --header KEY=VALUE",
+                   "--reply-to QUEUE", "--correlation-id ID", "--count N"):
         assert option in result.stdout
+    assert re.search(r"^  --non-persistent {2,}Keep it", result.stdout, re.M)  # a flag: no placeholder
 
 
 def test_public_api_is_pinned() -> None:
@@ -213,7 +244,7 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
     # (case id, arguments ({good}, {tmp} filled in), environment, exit code, the culprit named)
     ("unknown-command", ["nosuch"], {}, 2, "No such command 'nosuch'"),
     ("unknown-option", ["send", "WORK", "{}", "--bogus", "-c", "{good}"], {}, 2, "--bogus"),
-    ("missing-argument", ["send", "-c", "{good}"], {}, 2, "Missing argument"),
+    ("missing-argument", ["send", "-c", "{good}"], {}, 2, "Missing argument 'DEST'"),
     ("body-not-json", ["send", "WORK", "{not json", "-c", "{good}"], {}, 2, "BODY is not JSON"),
     ("body-empty", ["send", "WORK", "", "-c", "{good}"], {}, 2, "BODY is not JSON"),
     ("body-file-missing", ["send", "WORK", "@{tmp}/nope.json", "-c", "{good}"], {}, 2, "nope.json"),
@@ -259,6 +290,8 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
     ("dlq-replay-nothing", ["dlq", "replay", "-c", "{good}"], {}, 2, "--all"),
     ("dlq-replay-ids-and-all", ["dlq", "replay", "x", "--all", "-c", "{good}"], {}, 2, "--all"),
     ("dlq-purge-unconfirmed", ["dlq", "purge", "-c", "{good}"], {}, 2, "--yes"),
+    ("dlq-queue-named-twice", ["dlq", "list", "A", "--queue", "B", "-c", "{good}"], {}, 2,
+     "QUEUE 'A' and --queue 'B'"),
     ("database-unreachable", ["ports", "-c", "{tmp}/no-db.toml"], {}, 1, "database"),
     ("broker-url-scheme", ["check", "-c", "{good}"], {"MDB_CONTAINER__BROKER_URL": "redis://x"}, 2,
      "environment variable MDB_CONTAINER__BROKER_URL: container.broker_url"),

@@ -250,3 +250,23 @@ def test_unreachable_broker_fails_in_one_line_without_the_password(
     line = one_line_error(result, 1)
     assert "127.0.0.1:1" in line and "not reachable" in line
     assert "s3cret" not in result.stderr + result.stdout
+
+
+def test_every_dlq_command_takes_the_queue_as_queue_option(backend: Backend) -> None:
+    """``list`` and ``purge`` took the queue as an argument, ``show`` and ``replay`` as --queue:
+    now all take --queue, and the argument still works."""
+    queue, dlq, other = backend.q("IN"), backend.q("DLQ"), backend.q("OTHER")
+    settings = backend.write(ports={"Work": {"destination": queue}},
+                             queues={queue: {"backout_queue": other}})
+    assert listed(backend, settings, "--queue", other) == []  # declares the backout queue
+    with backend.producer(settings) as producer:
+        producer.send(dlq, {"n": 0}, message_id="on-dlq")
+        producer.send(other, {"n": 1}, message_id="on-other")
+
+    assert [m["id"] for m in listed(backend, settings, "--queue", other)] == ["on-other"]
+    assert [m["id"] for m in listed(backend, settings, other)] == ["on-other"]  # the older spelling
+    assert [m["id"] for m in listed(backend, settings)] == ["on-dlq"]  # default: dead_letter_queue
+    result = mdb("dlq", "purge", "--queue", other, "--yes", settings=settings, env=backend.env)
+    assert f"purged 1 message(s) from {other}" in result.stdout, result.stderr
+    result = mdb("dlq", "purge", dlq, "--yes", settings=settings, env=backend.env)
+    assert f"purged 1 message(s) from {dlq}" in result.stdout, result.stderr
