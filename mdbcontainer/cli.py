@@ -375,13 +375,16 @@ def dlq_list(
     queue: Annotated[str | None, queue_help(DEAD_LETTER)] = None,
     config: ConfigOption = None,
     as_json: JsonOption = False,
+    limit: Annotated[
+        int, typer.Option(metavar="N", min=0, help="Show the first N messages; 0 shows all.")
+    ] = 100,
 ) -> None:
     """Browse a backout queue without consuming: every message stays, in its order."""
     from .dlq import list_command
 
     name = one_queue(positional, queue)
     settings = settings_for(config)
-    guarded(lambda: list_command(settings, name, as_json))
+    guarded(lambda: list_command(settings, name, as_json, limit or None))
 
 
 @dlq_app.command("show", cls=Command)
@@ -390,12 +393,15 @@ def dlq_show(
     queue: Annotated[str | None, queue_help(EVERY_BACKOUT_QUEUE)] = None,
     config: ConfigOption = None,
     as_json: JsonOption = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="The whole body (default: its first 2000 characters).")
+    ] = False,
 ) -> None:
     """One message of a backout queue with all its headers and the full exception."""
     from .dlq import show_command
 
     settings = settings_for(config)
-    guarded(lambda: show_command(settings, message_id, queue, as_json))
+    guarded(lambda: show_command(settings, message_id, queue, as_json, full))
 
 
 @dlq_app.command("replay", cls=Command)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -270,3 +272,56 @@ def test_every_dlq_command_takes_the_queue_as_queue_option(backend: Backend) -> 
     assert f"purged 1 message(s) from {other}" in result.stdout, result.stderr
     result = mdb("dlq", "purge", dlq, "--yes", settings=settings, env=backend.env)
     assert f"purged 1 message(s) from {dlq}" in result.stdout, result.stderr
+
+
+def backed_out_by_hand(backend: Backend, settings: Path, dlq: str, count: int,
+                       big: int = 0) -> list[str]:
+    """``count`` messages on the DLQ as the container leaves them (the last with a ``big`` body)."""
+    ids = [f"{uuid.uuid4()}" for _ in range(count)]
+    with backend.producer(settings) as producer:
+        for n, mid in enumerate(ids):
+            body = {"n": n, "blob": "x" * (big if n == count - 1 else 10)}
+            producer.send(dlq, body, message_id=mid, headers={
+                "x-mdb-original-destination": "orders.incoming.from.the.web.shop", "x-mdb-port": "Work",
+                "x-mdb-backout-reason": "backout-threshold", "x-mdb-redelivery-count": 5,
+                "x-mdb-failed-at": "2026-11-30T20:40:53.97+00:00",
+                "x-mdb-exception": "Traceback ...\nRuntimeError: poison message with a long story to tell",
+            })
+    return ids
+
+
+def test_list_fits_80_columns_and_stops_at_its_limit(backend: Backend) -> None:
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    ids = backed_out_by_hand(backend, settings, dlq, 5)
+
+    table = mdb("dlq", "list", settings=settings, env=backend.env, extra_env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == f"{dlq}: 5 message(s)"
+    assert len(lines) == 2 + 5, "a title, a header and one line per message: nothing wrapped"
+    assert all(len(line) <= 80 for line in lines), table.stdout
+    assert [line.split()[0] for line in lines[2:]] == ids, "ids whole, to copy into dlq show"
+
+    first = mdb("dlq", "list", "--limit", "2", "--json", settings=settings, env=backend.env)
+    assert [m["id"] for m in json.loads(first.stdout)] == ids[:2]
+    assert f"{dlq}: the first 2 of 5 message(s) shown (--limit N shows more)" in first.stderr
+    every = mdb("dlq", "list", "--limit", "0", "--json", settings=settings, env=backend.env)
+    assert [m["id"] for m in json.loads(every.stdout)] == ids
+    assert backend.probe(settings).count(dlq) == 5, "every message stays, the unshown too"
+
+
+def test_show_cuts_a_big_body_unless_full(backend: Backend) -> None:
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    [mid] = backed_out_by_hand(backend, settings, dlq, 1, big=200_000)
+
+    shown = mdb("dlq", "show", mid, settings=settings, env=backend.env)
+    assert shown.returncode == 0, shown.stderr
+    assert len(shown.stdout) < 4000
+    assert "RuntimeError: poison message with a long story to tell" in shown.stdout
+    assert re.search(r"body \(json, 200,0\d\d bytes\): \{.*… \([\d,]+ more characters: --full shows them\)",
+                     shown.stdout)
+    full = mdb("dlq", "show", mid, "--full", settings=settings, env=backend.env)
+    assert '"x' + "x" * 199_999 + '"' in full.stdout
+    assert "--full shows them" not in full.stdout
