@@ -158,6 +158,7 @@ class Pipeline:
         if self.once_only and self.port.resources.dedup_seen(self.port.name, message_id):
             raw.ack()
             self.port.record("duplicate_skipped")
+            self._log(logging.INFO, "duplicate_skipped", message_id, None, "already handled, not again")
             return None, None
         attempt = self.port.resources.counter.open(
             self.queue, message_id, first_implicit=self.first_implicit
@@ -228,6 +229,8 @@ class Pipeline:
         self.consumer.acks.settle(raw)  # now, or later: the port's acknowledge mode
         crash_point("after-ack")
         self.port.record("handled" if outcome.kind == "handled" else "duplicate_skipped")
+        if outcome.kind != "handled":
+            self._log(logging.INFO, "duplicate_skipped", message.id, None, "already handled, not again")
         if outcome.kind == "handled":
             self.port.after_success()
             self.port.resources.metrics.end_to_end(self.port.name, raw.properties.get("timestamp"))

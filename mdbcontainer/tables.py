@@ -3,14 +3,16 @@
 A row folded over nine lines in 80 columns is unreadable, and a table a
 script parses should use ``--json`` anyway. So every row stays on one line:
 when the columns do not fit, the least needed ones are left out first (a
-column that says ``drop``), then the widest shrink (down to a minimum each),
-and a cut cell ends in ``…``. A column a person copies from (an id) is never
-cut. Numbers are right-aligned.
+column that says ``drop``; a column of zeros before any other), a last line
+names them, then the widest shrink (down to a minimum each), and a cut cell
+ends in ``…``. A column a person copies from (an id) is never cut. Numbers are
+right-aligned.
 """
 
 from __future__ import annotations
 
 import shutil
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +25,8 @@ class Column:
     """A column's header, the width below which it is not cut, and its alignment.
 
     ``keep``: never cut (ids to copy). ``drop``: left out when even the minimums
-    do not fit, highest first; 0 is never left out.
+    do not fit, highest first, a column of zeros before all others; 0 is never
+    left out.
     """
 
     header: str
@@ -56,8 +59,12 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
     def needed(widths: Sequence[int]) -> int:
         return sum(widths[i] for i in shown) + len(GAP) * (len(shown) - 1)
 
+    def rank(i: int) -> int:
+        zeros = bool(cells) and all(row[i] == "0" for row in cells)
+        return columns[i].drop + (1000 if zeros else 0)
+
     while needed(least) > width and any(columns[i].drop for i in shown):
-        shown.remove(max(shown, key=lambda i: columns[i].drop))
+        shown.remove(max((i for i in shown if columns[i].drop), key=rank))
     widths = list(natural)
     while needed(widths) > width:
         shrinkable = [i for i in shown if widths[i] > max(least[i], 1)]
@@ -68,6 +75,10 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
     for row in [[c.header for c in columns], *cells]:
         parts = [_align(row[i], widths[i], columns[i].right) for i in shown]
         lines.append(cut(GAP.join(parts).rstrip(), width))
+    left_out = [c.header for i, c in enumerate(columns) if i not in shown]
+    if left_out:
+        note = f"(left out to fit {width} columns: {', '.join(left_out)}; --json shows every field)"
+        lines += textwrap.wrap(note, max(width, 20))
     return lines
 
 
