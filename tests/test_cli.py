@@ -374,3 +374,23 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(
     monkeypatch.setenv("MDB_TRACEBACK", "1")
     with pytest.raises(RuntimeError):
         cli.main()
+
+
+def test_tables_fit_the_width_without_wrapping_a_row() -> None:
+    from mdbcontainer.tables import Column, fit
+
+    columns = [Column("id", keep=True), Column("note", 6), Column("zeros", right=True, drop=1),
+               Column("when", 8, drop=2)]
+    rows = [["3f1c0a6e-1b2c-4d5e", "a long explanation of it", "0", "2026-11-30 20:40:53"]]
+    assert fit(columns, rows, 100) == [
+        "id                  note                      zeros  when",
+        "3f1c0a6e-1b2c-4d5e  a long explanation of it      0  2026-11-30 20:40:53",
+    ]
+    # 40 columns: the column of zeros is left out (before the time, though the time ranks
+    # lower), the id stays whole, the other cells are cut, not wrapped.
+    assert fit(columns, rows, 40) == [
+        "id                  note       when",
+        "3f1c0a6e-1b2c-4d5e  a long e…  2026-11-…",
+        "(left out to fit 40 columns: zeros;",
+        "--json shows every field)",
+    ]
