@@ -44,6 +44,12 @@ PURGE_EVERY = 3600.0
 # reconnected: a loss this soon after a restore is the same outage (an echo),
 # logged at DEBUG unless it lasts longer than this.
 OUTAGE_ECHO = 2.0
+SHUTDOWN = "container shutting down"
+
+
+def in_flight(port: ListenerPort) -> int:
+    """The deliveries of ``port`` running now (in a handler or finishing its unit of work)."""
+    return sum(c.delivering_since is not None for c in list(port.consumers))
 
 
 @dataclass(frozen=True)
@@ -224,11 +230,8 @@ class Container:
         def failures() -> int:
             return port.stats.consecutive_failures
 
-        def in_flight() -> int:
-            return sum(c.delivering_since is not None for c in list(port.consumers))
-
         self.resources.metrics.bind_port(port.name, started=started, failures=failures,
-                                         in_flight=in_flight)
+                                         in_flight=lambda: in_flight(port))
 
     @property
     def id(self) -> str:
@@ -272,9 +275,20 @@ class Container:
         self.resources.shutting_down = True
         self._stop.set()
         for port in self.ports.values():
-            port.stop("container shutting down")
+            port.stop(SHUTDOWN, logged=True)  # logged below, once its deliveries are done
         deadline = time.monotonic() + limit
-        finished = all(p.join(max(0.0, deadline - time.monotonic())) for p in self.ports.values())
+        for port in self.ports.values():
+            busy = in_flight(port)
+            if busy:
+                log.info("port %s stopping: waiting for %d in-flight deliver%s", port.name, busy,
+                         "y" if busy == 1 else "ies", extra=fields(port=port.name, state="stopping"))
+        finished = True
+        for port in self.ports.values():
+            if port.join(max(0.0, deadline - time.monotonic())):
+                log.info("port %s stopped: %s", port.name, SHUTDOWN,
+                         extra=fields(port=port.name, state="stopped", reason=SHUTDOWN))
+            else:
+                finished = False  # warned about below, after the rest is closed
         for thread in self._threads:
             thread.join(1.0)
         if self.http is not None:
