@@ -123,7 +123,7 @@ class Broker:
         except AccessRefused as exc:
             with suppress(Exception):
                 conn.close()
-            raise self._login_refused(exc) from None
+            raise self._login_refused(exc) from exc
         except BaseException:
             with suppress(Exception):
                 conn.close()
@@ -151,7 +151,7 @@ class Broker:
             except AccessRefused as exc:  # retrying within the timeout cannot fix a login
                 with suppress(Exception):
                     conn.close()
-                raise self._login_refused(exc) from None
+                raise self._login_refused(exc) from exc
             except connection_errors() as exc:
                 last = exc
                 with suppress(Exception):
@@ -159,7 +159,7 @@ class Broker:
             if time.monotonic() >= deadline:
                 raise BrokerUnavailable(
                     f"broker {self.masked_url} not reachable within {limit:g}s: {describe(last)}"
-                ) from None
+                ) from last
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     # -- topology ----------------------------------------------------------

@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
     )
 from sqlalchemy.exc import SQLAlchemyError
 
-from .errors import ListenerError, MdbError, SettingsError
+from .errors import MdbError
 from .logs import setup_logging
 from .settings import Settings, load_settings, mask_url
 
@@ -99,10 +99,8 @@ def guarded(action: Callable[[], T]) -> T:
     """Run ``action``, turning the package's errors into one line and the right exit code."""
     try:
         return action()
-    except (SettingsError, ListenerError) as exc:
-        fail(str(exc), 2)
-    except MdbError as exc:
-        fail(str(exc), 1)
+    except MdbError as exc:  # the class knows its exit code: 2 for settings and listeners
+        fail(str(exc), exc.exit_code)
     except SQLAlchemyError as exc:  # the database is away or refused: one line, not a traceback
         from .broker import describe
 

@@ -36,7 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .backout import REASON_INVALID, REASON_MISSING_ID, REASON_THRESHOLD
 from .broker import EMBEDDED, Broker, Publisher, connection_errors, describe
 from .crash import crash_point
-from .errors import BrokerUnavailable, MdbError, PublishError
+from .errors import BrokerUnavailable, DlqError, MdbError, PublishError
 from .message import content_type_of
 from .producer import Outgoing
 from .settings import Settings
@@ -52,10 +52,6 @@ SUMMARY_WIDTH = 72
 BODY_PREVIEW = 2000
 # Backouts the container makes itself (a failed delivery's work never committed).
 CONTAINER_REASONS = frozenset({REASON_THRESHOLD, REASON_INVALID, REASON_MISSING_ID})
-
-
-class DlqError(MdbError):
-    """A backout queue or a message in it cannot be found, or a replay stopped short."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +181,7 @@ def _channel(broker: Broker) -> Iterator[Any]:
         yield conn.channel()
     except connection_errors() as exc:
         lost = f"broker {broker.masked_url}: connection lost: {describe(exc)}"
-        raise BrokerUnavailable(lost) from None
+        raise BrokerUnavailable(lost) from exc
     finally:
         with suppress(Exception):
             conn.close()
@@ -200,8 +196,8 @@ def _open_queue(broker: Broker, channel: Any, queue: str) -> None:
         channel.queue_declare(queue=queue, passive=True)
     except connection_errors():
         raise
-    except Exception:
-        raise DlqError(f"queue {queue!r} does not exist on broker {broker.masked_url}") from None
+    except Exception as exc:
+        raise DlqError(f"queue {queue!r} does not exist on broker {broker.masked_url}") from exc
 
 
 def _take_unacked(channel: Any, queue: str, limit: int | None = None) -> list[Any]:
@@ -284,7 +280,7 @@ class Replayer:
         try:
             self.store.create_tables()
         except SQLAlchemyError as exc:
-            raise DlqError(f"database: {describe(exc)}") from None
+            raise DlqError(f"database: {describe(exc)}") from exc
         self.counter = DeliveryCounter(self.store)
         self.dedup = Dedup(self.store)
         self.publisher = Publisher(self.broker)
@@ -304,9 +300,9 @@ class Replayer:
             self._publish(copy_of(message, destination, replay_headers(dict(message.headers or {})),
                                   replace=True))
         except SQLAlchemyError as exc:
-            raise DlqError(f"cannot reset the redelivery count: {describe(exc)}") from None
+            raise DlqError(f"cannot reset the redelivery count: {describe(exc)}") from exc
         except connection_errors() as exc:
-            raise PublishError(f"publish to {destination!r} failed: {describe(exc)}") from None
+            raise PublishError(f"publish to {destination!r} failed: {describe(exc)}") from exc
         crash_point("mid-replay")
         message.ack()  # only after the confirm: a crash before this duplicates, never loses
         return None

@@ -103,7 +103,7 @@ def _import(name: str) -> Any:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
             raise ListenerError(
                 f"listener module {name!r} not found (is it on the path?)"
-            ) from None
+            ) from exc
         raise ListenerError(f"listener module {name!r} failed to import: {exc}") from exc
     except Exception as exc:
         raise ListenerError(

@@ -92,4 +92,4 @@ def _duration(text: str) -> timedelta:
     except ValueError as exc:
         from .errors import SettingsError
 
-        raise SettingsError(f"--older-than: {exc}") from None
+        raise SettingsError(f"--older-than: {exc}") from exc

@@ -26,11 +26,11 @@ import tenacity
 from .acknowledge import acknowledger_for, check_supported
 from .broker import Publisher, Subscription, connection_errors, describe
 from .delivery import Pipeline
+from .errors import SubscriptionInUse
 from .logs import fields
 from .producer import Outgoing
 from .replies import mark_consumer_thread
 from .settings import PortSettings, QueueSettings
-from .subscriptions import SubscriptionInUse
 
 if TYPE_CHECKING:
     from .container import Resources

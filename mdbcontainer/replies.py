@@ -136,7 +136,7 @@ def _message(raw: Any, queue: str) -> Message:
     try:
         return envelope(raw, str(message_id or ""), 0, [JSON, TEXT], MAX_REPLY_BYTES, queue)
     except InvalidBody as exc:
-        raise MdbError(f"reply {message_id} cannot be read: {exc}") from None
+        raise MdbError(f"reply {message_id} cannot be read: {exc}") from exc
 
 
 def _close(conn: kombu.Connection, channel: Any, consumer: kombu.Consumer | None, queue: str) -> None:

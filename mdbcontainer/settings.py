@@ -266,16 +266,16 @@ class Settings(BaseSettings):
 def _load_toml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SettingsError(f"{path}: settings file not found") from None
+    except FileNotFoundError as exc:
+        raise SettingsError(f"{path}: settings file not found") from exc
     except UnicodeDecodeError as exc:
         raise SettingsError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
     except OSError as exc:
-        raise SettingsError(f"{path}: cannot read: {exc.strerror}") from None
+        raise SettingsError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: invalid TOML: {exc}") from None
+        raise SettingsError(f"{path}: invalid TOML: {exc}") from exc
 
 
 def _env_value(raw: str) -> Any:
@@ -393,7 +393,7 @@ def validate_port(source: str, name: str, data: dict[str, Any],
     try:
         return PortSettings.model_validate(data)
     except ValidationError as exc:
-        raise SettingsError(describe_error(source, exc, overrides, ("ports", name))) from None
+        raise SettingsError(describe_error(source, exc, overrides, ("ports", name))) from exc
 
 
 def settings_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -422,7 +422,7 @@ def settings_from_dict(data: dict[str, Any], source: str = "<settings>",
         _check_port_keys(source, data.get("ports", {}), overrides)
         return Settings(**data, source=source, overrides=overrides or {})
     except ValidationError as exc:
-        raise SettingsError(describe_error(source, exc, overrides)) from None
+        raise SettingsError(describe_error(source, exc, overrides)) from exc
 
 
 def _check_port_keys(source: str, ports: Any, overrides: Overrides | None = None) -> None:
@@ -445,7 +445,7 @@ def _check_port_keys(source: str, ports: Any, overrides: Overrides | None = None
             errors = [e for e in exc.errors() if e["type"] != "value_error"]
             if errors:
                 first = ValidationError.from_exception_data(exc.title, errors)  # type: ignore[arg-type]
-                raise SettingsError(describe_error(source, first, overrides, ("ports", name))) from None
+                raise SettingsError(describe_error(source, first, overrides, ("ports", name))) from exc
 
 
 def mask_url(url: str) -> str:

@@ -22,14 +22,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import BrokerError, MdbError
+from .errors import MdbError, SubscriptionInUse
 
 if TYPE_CHECKING:
     from .broker import Broker
-
-
-class SubscriptionInUse(BrokerError):
-    """A durable subscription already has its one active subscriber."""
 
 
 def in_use(queue: str, detail: str) -> SubscriptionInUse:
@@ -60,10 +56,10 @@ class OwnerLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BlockingIOError as exc:
             owner = os.pread(fd, 64, 0).decode(errors="replace").strip()
             os.close(fd)
-            raise in_use(self.queue, f"consumed by pid {owner or '?'}") from None
+            raise in_use(self.queue, f"consumed by pid {owner or '?'}") from exc
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
@@ -107,8 +103,8 @@ def _delete_unused(broker: Broker, queue: str) -> int:
         channel = conn.channel()
         try:
             ok = channel.queue_declare(queue=queue, passive=True)
-        except NotFound:
-            raise MdbError(f"no durable subscription {queue!r} on {broker.masked_url}") from None
+        except NotFound as exc:
+            raise MdbError(f"no durable subscription {queue!r} on {broker.masked_url}") from exc
         if ok.consumer_count:
             raise in_use(queue, f"{ok.consumer_count} consumer(s)")
         # if_unused: a container that started consuming since the check keeps it.
