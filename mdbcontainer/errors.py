@@ -7,9 +7,9 @@ The tree::
     ├── ListenerError             a listener module or a handler cannot be bound (exit 2)
     ├── BrokerError               the broker refused or could not be reached
     │   ├── BrokerUnavailable     no connection within ``connect_timeout``
-    │   ├── PublishError          the broker did not confirm a publish
-    │   │   └── Unroutable        a mandatory publish reached no queue
-    │   └── SubscriptionInUse     a durable subscription already has its one active subscriber
+    │   ├── SubscriptionInUse     a durable subscription already has its one active subscriber
+    │   └── PublishError          the broker did not confirm a publish
+    │       └── Unroutable        a mandatory publish reached no queue
     ├── DlqError                  a backout queue or a message on it is not there, or a replay stopped
     ├── NoReplyTo                 ``ctx.reply`` to a message that names no ``reply_to``
     ├── RequestTimeout            ``Producer.request`` got no reply in time
@@ -52,16 +52,16 @@ class BrokerUnavailable(BrokerError):
     """No connection to the broker could be made within the connect timeout."""
 
 
+class SubscriptionInUse(BrokerError):
+    """A durable subscription already has its one active subscriber (JMS allows one)."""
+
+
 class PublishError(BrokerError):
     """The broker did not confirm a publish, so the message is not counted as sent."""
 
 
 class Unroutable(PublishError):
     """A mandatory publish was returned: no queue was bound for it."""
-
-
-class SubscriptionInUse(BrokerError):
-    """A durable subscription already has its one active subscriber (JMS allows one)."""
 
 
 class DlqError(MdbError):
