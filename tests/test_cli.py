@@ -294,6 +294,10 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
     ("dlq-queue-named-twice", ["dlq", "list", "A", "--queue", "B", "-c", "{good}"], {}, 2,
      "QUEUE 'A' and --queue 'B'"),
     ("database-unreachable", ["ports", "-c", "{tmp}/no-db.toml"], {}, 1, "database"),
+    ("unsubscribe-missing-argument", ["unsubscribe", "audit", "-c", "{good}"], {}, 2,
+     "Missing argument 'SUBSCRIPTION'"),
+    ("unsubscribe-unknown", ["unsubscribe", "nobody", "nothing", "-c", "{good}"], {}, 1,
+     "no durable subscription 'nobody.nothing'"),
     ("broker-url-scheme", ["check", "-c", "{good}"], {"MDB_CONTAINER__BROKER_URL": "redis://x"}, 2,
      "environment variable MDB_CONTAINER__BROKER_URL: container.broker_url"),
 ]
