@@ -421,6 +421,9 @@ def settings_from_dict(data: dict[str, Any], source: str = "<settings>",
         # Ports are validated twice: here without decorator defaults to catch
         # unknown keys and types early, and again at bind time merged with them.
         _check_port_keys(source, data.get("ports", {}), overrides)
+        for key in ("source", "overrides"):  # the loader's own fields, never the file's
+            if key in data:
+                raise SettingsError(f"{culprit(source, (key,), overrides)}: {key}: unknown key '{key}'")
         return Settings(**data, source=source, overrides=overrides or {})
     except ValidationError as exc:
         raise SettingsError(describe_error(source, exc, overrides)) from exc

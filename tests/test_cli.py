@@ -273,6 +273,8 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
     ("settings-not-utf8", ["check", "-c", "{tmp}/latin1.json"], {}, 2, "latin1.json"),
     ("settings-not-toml", ["check", "-c", "{tmp}/text.json"], {}, 2, "text.json: invalid TOML"),
     ("settings-from-env-missing", ["ports"], {"MDB_SETTINGS": "{tmp}/gone.toml"}, 2, "gone.toml"),
+    ("settings-key-of-the-loader", ["check", "-c", "{tmp}/source.toml"], {}, 2,
+     "source.toml: source: unknown key 'source'"),
     ("unknown-queue-option", ["check", "-c", "{tmp}/queue-typo.toml"], {}, 2,
      "queues.WORK.backout_treshold"),
     ("bad-duration-in-settings", ["check", "-c", "{good}"], {"MDB_CONTAINER__CONTROL_INTERVAL": "often"},
@@ -308,6 +310,7 @@ def bad_files(tmp_path: Path, good: Path) -> Path:
     (tmp_path / "latin1.json").write_bytes('{"name": "Müller"}'.encode("latin-1"))
     (tmp_path / "empty.json").write_text("")
     (tmp_path / "text.json").write_text("hello world\n")
+    (tmp_path / "source.toml").write_text('source = "elsewhere"\n')
     write_settings(tmp_path / "queue-typo.toml", {
         "container": {"listeners": ["tests.apps.work"], "database_url": f"sqlite:///{tmp_path}/d.db",
                       "broker_url": f"embedded://{tmp_path}/b.db"},
