@@ -434,7 +434,8 @@ def _check_port_keys(source: str, ports: Any, overrides: Overrides | None = None
         raise SettingsError(f"{source}: ports: must be a table of [ports.NAME] tables")
     for name, table in ports.items():
         if not isinstance(table, dict):
-            raise SettingsError(f"{source}: ports.{name}: must be a table")
+            who = culprit(source, ("ports", name), overrides)
+            raise SettingsError(f"{who}: ports.{name}: must be a table")
         fields = PortSettings.model_fields
         for key in table:
             if key not in fields:

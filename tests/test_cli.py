@@ -296,6 +296,10 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
     ("dlq-queue-named-twice", ["dlq", "list", "A", "--queue", "B", "-c", "{good}"], {}, 2,
      "QUEUE 'A' and --queue 'B'"),
     ("database-unreachable", ["ports", "-c", "{tmp}/no-db.toml"], {}, 1, "database"),
+    ("database-folder-impossible", ["ports", "-c", "{tmp}/db-in-proc.toml"], {}, 1,
+     "/proc/no-such-pid: No such file or directory"),
+    ("port-from-env-not-a-table", ["check", "-c", "{good}"], {"MDB_PORTS__X": "1"}, 2,
+     "environment variable MDB_PORTS__X: ports.x: must be a table"),
     ("unsubscribe-missing-argument", ["unsubscribe", "audit", "-c", "{good}"], {}, 2,
      "Missing argument 'SUBSCRIPTION'"),
     ("unsubscribe-unknown", ["unsubscribe", "nobody", "nothing", "-c", "{good}"], {}, 1,
@@ -317,6 +321,9 @@ def bad_files(tmp_path: Path, good: Path) -> Path:
         "queues": {"WORK": {"backout_treshold": 3}},
         "ports": {"Work": {"destination": "WORK"}},
     })
+    write_settings(tmp_path / "db-in-proc.toml", {"container": {
+        "listeners": [], "database_url": "sqlite:////proc/no-such-pid/d.db",
+    }})
     write_settings(tmp_path / "no-db.toml", {"container": {
         "listeners": [], "database_url": "postgresql+psycopg://postgres@127.0.0.1:1/test",
     }})
