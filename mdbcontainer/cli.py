@@ -102,7 +102,9 @@ def guarded(action: Callable[[], T]) -> T:
     except MdbError as exc:  # the class knows its exit code: 2 for settings and listeners
         fail(str(exc), exc.exit_code)
     except OSError as exc:  # a folder or file the command needs (a SQLite database's, a TLS file)
-        fail(f"{exc.filename or 'file'}: {exc.strerror or exc}", 1)
+        from .broker import describe
+
+        fail(f"{exc.filename}: {exc.strerror}" if exc.filename else describe(exc), 1)
     except SQLAlchemyError as exc:  # the database is away or refused: one line, not a traceback
         from .broker import describe
 
