@@ -16,11 +16,19 @@ The delivery pipeline decides *whether* a delivery is done; the port's
   Every publish of a delivery (``ctx.send``, ``ctx.reply``, a backout copy) goes
   out on that channel and commits with its acknowledgment, or not at all.
 
+Besides ``settle`` (the mode's "done"), every mode tells the broker the
+other fates the pipeline decides: ``discard`` (the message leaves unprocessed:
+expired, a duplicate, backed out after its copy was confirmed), ``failed``
+(a counted failure, back to its queue) and ``hand_back``.
+
 A message handed back unprocessed (by ``recover()``, a stop, a lost
-connection) is recorded as handed back in the delivery counts, so its
-redelivery is not counted as a failed delivery. After a crash (SIGKILL) there
-is no chance to record it: it counts once, as contract section 4 says of every
-message outstanding when its process died.
+connection) is recorded as handed back in the delivery counts, here and only
+here, so its redelivery is not counted as a failed delivery. After a crash
+(SIGKILL) there is no chance to record it: it counts once, as contract
+section 4 says of every message outstanding when its process died.
+
+The modes and the broker seam (``delivery.py``) are the only modules that
+acknowledge or reject a message.
 """
 
 from __future__ import annotations
@@ -29,27 +37,32 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .broker import describe
+from .broker import Capabilities, Subscription, describe
+from .counts import DeliveryCounter
 from .crash import crash_point
+from .delivery import Delivery
 from .errors import SettingsError
-
-if TYPE_CHECKING:
-    from .broker import Capabilities, Subscription
-    from .port import Consumer, ListenerPort
+from .settings import PortSettings
+from .transactions import ClientAcknowledgment
 
 log = logging.getLogger("mdbcontainer.acknowledge")
 
-ClientAck = Callable[[str], None]
 LAZY_INTERVAL = 1.0
 LAZY_MAX_BATCH = 50
+Held = tuple[Delivery, str]  # a delivery and its message id
 
 
-def check_supported(port: ListenerPort) -> None:
-    """Refuse at start a mode the transport cannot provide (one line naming the key)."""
-    check_mode(port.resources.settings.source, port.name, port.settings.acknowledge,
-               port.resources.capabilities)
+class PortInfo(Protocol):
+    """What an acknowledgment mode needs of its port (met by ``port.ListenerPort``)."""
+
+    name: str
+    queue: str
+    settings: PortSettings
+
+    @property
+    def counter(self) -> DeliveryCounter: ...
 
 
 def check_mode(source: str, port: str, acknowledge: str, caps: Capabilities) -> None:
@@ -62,16 +75,16 @@ def check_mode(source: str, port: str, acknowledge: str, caps: Capabilities) -> 
         )
 
 
-def acknowledger_for(consumer: Consumer) -> Acknowledger:
-    """The strategy of the consumer's port."""
-    settings = consumer.port.settings
+def acknowledger_for(port: PortInfo) -> Acknowledger:
+    """The strategy of the port (one per consumer)."""
+    settings = port.settings
     if settings.acknowledge == "client":
-        return ClientAcknowledger(consumer)
+        return ClientAcknowledger(port)
     if settings.acknowledge == "dups_ok":
-        return LazyAcknowledger(consumer, max(1, min(LAZY_MAX_BATCH, settings.prefetch // 2)))
+        return LazyAcknowledger(port, max(1, min(LAZY_MAX_BATCH, settings.prefetch // 2)))
     if settings.acknowledge == "transacted":
-        return TransactedAcknowledger(consumer)
-    return Acknowledger(consumer)
+        return TransactedAcknowledger(port)
+    return Acknowledger(port)
 
 
 class Acknowledger:
@@ -79,31 +92,44 @@ class Acknowledger:
 
     transacted = False
 
-    def __init__(self, consumer: Consumer) -> None:
-        self.consumer = consumer
+    def __init__(self, port: PortInfo) -> None:
+        self.port = port
         self.sub: Subscription | None = None
-        self._current: tuple[Any, str] | None = None
-        self._held: list[tuple[Any, str]] = []
+        self._current: Held | None = None
+        self._held: list[Held] = []
 
     def attach(self, sub: Subscription) -> None:
         """A new channel; whatever the previous one held went back to the queue with it."""
         self.sub = sub
         self._held = []
 
-    def deliver(self, pipeline: Callable[[Any], None]) -> Callable[[Any], None]:
+    def deliver(self, pipeline: Callable[[Delivery], None]) -> Callable[[Delivery], None]:
         """The channel's message callback (the transacted mode commits after each delivery)."""
         return pipeline
 
-    def begin(self, raw: Any, message_id: str) -> ClientAck | None:
-        """A delivery enters its unit of work; returns the unit's ``client_ack`` hook, if any."""
-        self._current = (raw, message_id)
+    def begin(self, delivery: Delivery, message_id: str) -> ClientAcknowledgment | None:
+        """A delivery enters its unit of work; returns its ``ctx.acknowledge()`` hooks, if any."""
+        self._current = (delivery, message_id)
         return None
 
-    def settle(self, raw: Any) -> None:
+    def settle(self, delivery: Delivery) -> None:
         """The delivery is done (its work committed): acknowledge it, now or later."""
-        raw.ack()
+        delivery.ack()
 
-    def consumed(self, raw: Any) -> bool:
+    def discard(self, delivery: Delivery) -> None:
+        """The message leaves its queue unprocessed (expired, a duplicate, backed out): now."""
+        delivery.ack()
+
+    def failed(self, delivery: Delivery) -> None:
+        """A failed delivery (already counted) goes back to its queue."""
+        delivery.requeue()
+
+    def hand_back(self, delivery: Delivery, message_id: str | None) -> None:
+        """Return an unprocessed delivery without counting it: record first, then requeue."""
+        self._record_hand_back([message_id] if message_id else [])
+        delivery.requeue()
+
+    def consumed(self, delivery: Delivery) -> bool:
         """True when a failed delivery was already acknowledged (client mode): it cannot go back."""
         return False
 
@@ -121,9 +147,9 @@ class Acknowledger:
     def _record_hand_back(self, ids: list[str]) -> None:
         if not ids:
             return
-        port = self.consumer.port
+        port = self.port
         try:
-            port.resources.counter.hand_back(port.queue, ids)
+            port.counter.hand_back(port.queue, ids)
         except Exception as exc:  # the database is away: those messages may count once more
             log.warning("port %s: could not record %d hand-back(s): %s", port.name, len(ids),
                         describe(exc))
@@ -132,32 +158,25 @@ class Acknowledger:
 class ClientAcknowledger(Acknowledger):
     """``client``: the handler acknowledges; unacknowledged messages are held, then handed back."""
 
-    def __init__(self, consumer: Consumer) -> None:
-        super().__init__(consumer)
+    def __init__(self, port: PortInfo) -> None:
+        super().__init__(port)
         self._recovering = False
         self._warned = False
 
-    def begin(self, raw: Any, message_id: str) -> ClientAck:
-        self._current = (raw, message_id)
+    def begin(self, delivery: Delivery, message_id: str) -> ClientAcknowledgment:
+        self._current = (delivery, message_id)
         self._recovering = False
+        return _ClientCalls(self, delivery)
 
-        def client_call(what: str) -> None:  # bound to this delivery, wherever it is called
-            if what == "ack":
-                self._acknowledge(raw)
-            elif what == "recover":
-                self._recover()
-
-        return client_call
-
-    def _acknowledge(self, raw: Any) -> None:
+    def acknowledge(self, delivery: Delivery) -> None:
         """basic.ack with multiple: this message and every earlier one of this channel."""
-        if not raw.acknowledged:
-            raw.ack(multiple=True)
+        if not delivery.acknowledged:
+            delivery.ack(multiple=True)
         held = [item[0] for item in self._held]
-        self._held = self._held[held.index(raw) + 1:] if raw in held else []
+        self._held = self._held[held.index(delivery) + 1:] if delivery in held else []
         self._recovering = False
 
-    def _recover(self) -> None:
+    def recover(self) -> None:
         """Hand back every held message now, and the current one when its handler returns.
 
         Not AMQP basic.recover: that would also requeue the prefetched messages
@@ -169,9 +188,9 @@ class ClientAcknowledger(Acknowledger):
         self._hand_back(held)
         self._recovering = True
 
-    def settle(self, raw: Any) -> None:
-        assert self._current is not None and self._current[0] is raw
-        if raw.acknowledged:
+    def settle(self, delivery: Delivery) -> None:
+        assert self._current is not None and self._current[0] is delivery
+        if delivery.acknowledged:
             return
         if self._recovering:
             self._hand_back([self._current])
@@ -179,41 +198,41 @@ class ClientAcknowledger(Acknowledger):
         self._held.append(self._current)
         self._warn_if_starving()
 
-    def consumed(self, raw: Any) -> bool:
-        return bool(raw.acknowledged)
+    def consumed(self, delivery: Delivery) -> bool:
+        return delivery.acknowledged
 
     def close(self) -> None:
         held, self._held = self._held, []
         self._hand_back(held)
 
-    def _hand_back(self, items: list[tuple[Any, str]]) -> None:
+    def _hand_back(self, items: list[Held]) -> None:
         """Record first, then requeue: the redelivery must find the attempt closed."""
         self._record_hand_back([message_id for _, message_id in items])
-        for raw, _ in items:
-            raw.reject(requeue=True)
+        for delivery, _ in items:
+            delivery.requeue()
 
     def _warn_if_starving(self) -> None:
-        prefetch = self.consumer.port.settings.prefetch
+        prefetch = self.port.settings.prefetch
         if len(self._held) >= prefetch and not self._warned:
             self._warned = True
             log.warning(
                 "port %s: %d messages held unacknowledged (prefetch %d): the consumer receives "
                 "nothing more until the handler calls ctx.acknowledge()",
-                self.consumer.port.name, len(self._held), prefetch,
+                self.port.name, len(self._held), prefetch,
             )
 
 
 class LazyAcknowledger(Acknowledger):
     """``dups_ok``: acknowledge in batches (count or time), with one multiple ack each."""
 
-    def __init__(self, consumer: Consumer, batch: int, interval: float = LAZY_INTERVAL) -> None:
-        super().__init__(consumer)
+    def __init__(self, port: PortInfo, batch: int, interval: float = LAZY_INTERVAL) -> None:
+        super().__init__(port)
         self.batch = batch
         self.interval = interval
         self._since = 0.0
 
-    def settle(self, raw: Any) -> None:
-        assert self._current is not None and self._current[0] is raw
+    def settle(self, delivery: Delivery) -> None:
+        assert self._current is not None and self._current[0] is delivery
         if not self._held:
             self._since = time.monotonic()
         self._held.append(self._current)
@@ -227,8 +246,8 @@ class LazyAcknowledger(Acknowledger):
     def flush(self) -> None:
         """One basic.ack with multiple on the latest message covers the whole batch."""
         if self._held:
-            raw, _ = self._held[-1]
-            raw.ack(multiple=True)
+            delivery, _ = self._held[-1]
+            delivery.ack(multiple=True)
             self._held = []
 
     def close(self) -> None:
@@ -247,9 +266,9 @@ class TransactedAcknowledger(Acknowledger):
 
     transacted = True
 
-    def deliver(self, pipeline: Callable[[Any], None]) -> Callable[[Any], None]:
-        def deliver_and_commit(raw: Any) -> None:
-            pipeline(raw)
+    def deliver(self, pipeline: Callable[[Delivery], None]) -> Callable[[Delivery], None]:
+        def deliver_and_commit(delivery: Delivery) -> None:
+            pipeline(delivery)
             self.commit()
 
         return deliver_and_commit
@@ -268,3 +287,19 @@ class TransactedAcknowledger(Acknowledger):
             with suppress(Exception):  # a broken channel has discarded the transaction anyway
                 self.sub.rollback()
             raise
+
+
+class _ClientCalls:
+    """``ctx.acknowledge()`` and ``ctx.recover()`` bound to one delivery, wherever they are called."""
+
+    __slots__ = ("_delivery", "_mode")
+
+    def __init__(self, mode: ClientAcknowledger, delivery: Delivery) -> None:
+        self._mode = mode
+        self._delivery = delivery
+
+    def acknowledge(self) -> None:
+        self._mode.acknowledge(self._delivery)
+
+    def recover(self) -> None:
+        self._mode.recover()

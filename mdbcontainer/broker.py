@@ -1,36 +1,37 @@
-"""The narrow seam over kombu: connect, declare, consume, acknowledge, publish with confirms.
+"""The narrow seam over kombu: connect, declare, consume, publish with confirms.
 
-Port and delivery code talk to this module only. Transport quirks stay here,
+Port and pipeline code talk to this module and to ``delivery.py`` (the
+received message and its acknowledgment) only. Transport quirks stay here,
 and what a transport can do is declared in :class:`Capabilities` rather than
-guessed at each use (memory:// does not flag redeliveries, the embedded
-transport confirms nothing because its publish is a committed insert).
+guessed at each use (the embedded transport confirms nothing because its
+publish is a committed insert, and has no channel transactions).
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kombu
+import tenacity
 from amqp.exceptions import AccessRefused
 from kombu.exceptions import OperationalError as KombuOperationalError
 
+from .delivery import Delivery
 from .errors import BrokerUnavailable, PublishError, QueueUnavailable, Unroutable
 from .heartbeat import Heartbeat, away, using
+from .ownership import OwnerLock, in_use
+from .retry import DEFAULT as RETRY
 from .settings import Settings, broker_urls, mask_url
-from .subscriptions import OwnerLock, embedded_path, in_use
 
 log = logging.getLogger("mdbcontainer.broker")
 
 EMBEDDED = "embedded://"
-DELIVERY_MODE_PERSISTENT = 2
-DELIVERY_MODE_TRANSIENT = 1
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,12 @@ class Capabilities:
     name: str
     publisher_confirms: bool
     redelivered_flag: bool
-    native_expiry: bool
-    native_priority: bool
     channel_transactions: bool
     exclusive_queues: bool
 
 
-RABBITMQ = Capabilities("rabbitmq", True, True, True, True, True, True)
-EMBEDDED_CAPS = Capabilities("embedded", False, True, True, True, False, False)
-MEMORY = Capabilities("memory", False, False, False, True, False, False)
+RABBITMQ = Capabilities("rabbitmq", True, True, True, True)
+EMBEDDED_CAPS = Capabilities("embedded", False, True, False, False)
 
 
 def connection_errors() -> tuple[type[BaseException], ...]:
@@ -99,12 +97,24 @@ class Broker:
         self.urls = broker_urls(self.url)
         self._node = 0
         self.heartbeat = int(settings.container.heartbeat.total_seconds())
-        if self.url.startswith(EMBEDDED):
-            self.capabilities = EMBEDDED_CAPS
-        elif self.url.startswith("memory://"):
-            self.capabilities = MEMORY
-        else:
-            self.capabilities = RABBITMQ
+        self.is_embedded = self.url.startswith(EMBEDDED)
+        self.capabilities = EMBEDDED_CAPS if self.is_embedded else RABBITMQ
+
+    @property
+    def embedded_path(self) -> str:
+        """The embedded broker's SQLite file (its default when the URL names none)."""
+        return self.url[len(EMBEDDED):] or ".mdb/broker.db"
+
+    def route(self, destination: str) -> tuple[str, str, bool]:
+        """(exchange, routing key, mandatory) of a destination, as contract section 6 names them.
+
+        A topic named in the settings is its exchange, published with the topic's
+        name as routing key and not mandatory (no subscriber drops it, as JMS does);
+        anything else is a queue through the default exchange, mandatory.
+        """
+        if destination in self.settings.topics:
+            return destination, destination, False
+        return "", destination, True
 
     # -- connections -------------------------------------------------------
 
@@ -119,10 +129,10 @@ class Broker:
         means a dead network, even while nobody reads the socket.
         """
         timeout = self.settings.container.connect_timeout.total_seconds()
-        if self.capabilities is EMBEDDED_CAPS:
+        if self.is_embedded:
             from . import embedded
 
-            path = Path(self.url[len(EMBEDDED) :] or ".mdb/broker.db")
+            path = Path(self.embedded_path)
             path.parent.mkdir(parents=True, exist_ok=True)
             return kombu.Connection(hostname=str(path), transport=embedded.Transport)
         options: dict[str, Any] = {}
@@ -154,7 +164,7 @@ class Broker:
         return context
 
     def connect_once(self, *, confirms: bool = False, heartbeat: bool = False) -> kombu.Connection:
-        """One attempt on each node in turn (the consumer's own backoff decides when to try again)."""
+        """One attempt on each node in turn (the caller's retry policy decides when to try again)."""
         start = self._node
         last: BaseException | None = None
         for step in range(len(self.urls)):
@@ -165,7 +175,7 @@ class Broker:
             except AccessRefused as exc:
                 with suppress(Exception):
                     conn.close()
-                raise self._login_refused(exc) from None
+                raise self._login_refused(exc) from exc
             except connection_errors() as exc:
                 with suppress(Exception):
                     conn.close()
@@ -195,22 +205,18 @@ class Broker:
 
     def connect(self, *, confirms: bool = False, timeout: float | None = None,
                 heartbeat: bool = False) -> kombu.Connection:
-        """Connect once within ``timeout`` (default ``connect_timeout``) or raise BrokerUnavailable."""
+        """Connect within ``timeout`` (default ``connect_timeout``) or raise BrokerUnavailable."""
         limit = timeout if timeout is not None else self.settings.container.connect_timeout.total_seconds()
-        deadline = time.monotonic() + limit
-        last: BaseException | None = None
-        while True:
-            try:  # a refused login raises at once: retrying within the timeout cannot fix it
-                return self.connect_once(confirms=confirms, heartbeat=heartbeat)
-            except BrokerUnavailable:
+        retrying = RETRY.within(limit, retry=tenacity.retry_if_exception(_worth_retrying), maximum=0.5)
+        try:
+            conn: kombu.Connection = retrying(self.connect_once, confirms=confirms, heartbeat=heartbeat)
+        except connection_errors() as exc:
+            if not _worth_retrying(exc):  # a refused login says so itself
                 raise
-            except connection_errors() as exc:
-                last = exc
-            if time.monotonic() >= deadline:
-                raise BrokerUnavailable(
-                    f"broker {self.masked_url} not reachable within {limit:g}s: {describe(last)}"
-                ) from None
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            raise BrokerUnavailable(
+                f"broker {self.masked_url} not reachable within {limit:g}s: {describe(exc)}"
+            ) from exc
+        return conn
 
     # -- topology ----------------------------------------------------------
 
@@ -236,19 +242,21 @@ class Broker:
 
     def _declare(self, channel: Any, name: str) -> None:
         arguments = self.queue_arguments(name)
-        for attempt in range(5):
+
+        def declare() -> None:
+            channel.queue_declare(queue=name, durable=True, auto_delete=False, arguments=arguments or None)
+
+        if not self.is_embedded:
             try:
-                channel.queue_declare(
-                    queue=name, durable=True, auto_delete=False, arguments=arguments or None
-                )
-                return
-            except Exception as exc:  # the embedded transport's race on first declare
+                declare()
+            except Exception as exc:
                 if node_down(exc):
                     raise QueueUnavailable(f"queue {name!r} is unavailable: {describe(exc)}") from exc
-                if self.capabilities is RABBITMQ or attempt == 4:
-                    raise
-                log.debug("declare of %s raced (%s); retrying", name, exc)
-                time.sleep(0.05 * (attempt + 1))
+                raise
+            return
+        # The embedded transport's race on a first declare from two processes: try again.
+        tenacity.Retrying(stop=tenacity.stop_after_attempt(5), reraise=True,
+                          wait=tenacity.wait_incrementing(0.05, 0.05))(declare)
 
     def declare_topic(self, channel: Any, topic: str) -> None:
         channel.exchange_declare(exchange=topic, type="topic", durable=True, auto_delete=False)
@@ -267,17 +275,13 @@ class Broker:
         return queue
 
     def declare_destination(self, channel: Any, destination: str) -> tuple[str, str, bool]:
-        """Resolve a destination to (exchange, routing key, mandatory), declaring it first.
-
-        A topic named in the settings is its exchange, published with the topic's
-        name as routing key and not mandatory (no subscriber drops it, as JMS does);
-        anything else is a queue through the default exchange, mandatory.
-        """
-        if destination in self.settings.topics:
+        """Declare a destination (its topic exchange or its queue) and return its :meth:`route`."""
+        route = self.route(destination)
+        if route[0]:
             self.declare_topic(channel, destination)
-            return destination, destination, False
-        self.declare_queue(channel, destination)
-        return "", destination, True
+        else:
+            self.declare_queue(channel, destination)
+        return route
 
 
 class Publisher:
@@ -336,10 +340,9 @@ class Publisher:
         return route
 
     def route(self, destination: str) -> tuple[str, str, bool]:
+        """The route of a destination, declared once per publisher."""
         if destination in self._declared:
-            if destination in self.broker.settings.topics:
-                return destination, destination, False
-            return "", destination, True
+            return self.broker.route(destination)
         return self.resolve(destination)
 
     def reply_route(self, queue: str) -> tuple[str, str, bool]:
@@ -431,7 +434,7 @@ class Subscription:
         broker: Broker,
         queue: str,
         prefetch: int,
-        on_message: Callable[[Any], None],
+        on_message: Callable[[Delivery], None],
         declare: Callable[[Any], str],
         *,
         exclusive: bool = False,
@@ -463,8 +466,8 @@ class Subscription:
             self.channel.events["basic_return"].add(self._on_return)
             self.channel.tx_select()
         exclusive = self.exclusive and self.broker.capabilities.exclusive_queues
-        if self.exclusive and self.broker.capabilities is EMBEDDED_CAPS:
-            self._owner = OwnerLock.for_queue(embedded_path(self.broker), self.queue)
+        if self.exclusive and self.broker.is_embedded:
+            self._owner = OwnerLock.for_queue(self.broker.embedded_path, self.queue)
             self._owner.acquire()
         queue = (_ExclusiveQueue if exclusive else kombu.Queue)(self.queue, no_declare=True)
         self._consumer = kombu.Consumer(
@@ -484,7 +487,7 @@ class Subscription:
     def _dispatch(self, raw: Any) -> None:
         """Run the pipeline on one delivery; heartbeats go on from their thread meanwhile."""
         with away(self._beat):
-            self.on_message(raw)
+            self.on_message(Delivery(raw))
 
     def publish(self, *, exchange: str, routing_key: str, body: bytes,
                 properties: dict[str, Any], mandatory: bool) -> None:
@@ -535,13 +538,9 @@ class Subscription:
             owner.release()
 
 
-@contextmanager
-def publisher(broker: Broker, timeout: float | None = None) -> Iterator[Publisher]:
-    pub = Publisher(broker, timeout=timeout)
-    try:
-        yield pub
-    finally:
-        pub.close()
+def _worth_retrying(exc: BaseException) -> bool:
+    """A lost or refused connection, but not a refused login (retrying cannot fix it)."""
+    return isinstance(exc, connection_errors()) and not isinstance(exc.__cause__, AccessRefused)
 
 
 def describe(exc: BaseException | None) -> str:

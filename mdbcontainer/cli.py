@@ -97,8 +97,8 @@ def check(config: ConfigOption = None) -> None:
     """Validate the settings and import the listeners; warn about risky poison-message settings."""
     from .acknowledge import check_mode
     from .broker import Broker
+    from .check import warnings_for
     from .container import bind
-    from .doctor import warnings_for
 
     settings = settings_for(config)
     bindings = guarded(lambda: bind(settings))

@@ -19,30 +19,22 @@ from typing import Any
 
 import tenacity
 
-from .backout import DeliveryCounter
-from .broker import Broker, Capabilities, Publisher, describe
-from .control import Control, Wanted
-from .dedup import Dedup
+from .broker import Broker, Publisher, describe
+from .control import Wanted
+from .endpoints import OperationsServer
 from .errors import ListenerError, SettingsError
 from .handlers import HandlerSpec, import_listeners
-from .http import OperationsServer
-from .logs import fields
-from .metrics import Metrics
-from .outbox import Outbox, Pending
-from .port import ListenerPort, ReconnectPolicy
+from .port import ListenerPort
+from .resources import SharedResources
+from .retry import DEFAULT as RETRY
 from .settings import PortSettings, Settings, validate_port
 from .store import Store
-from .transactions import Resources as UnitResources
 from .transactions import is_infrastructure
 
 log = logging.getLogger("mdbcontainer.container")
 
 RELAY_EVERY = 5.0
 PURGE_EVERY = 3600.0
-# Consumers busy in a handler notice a lost connection late, after others have
-# reconnected: a loss this soon after a restore is the same outage (an echo),
-# logged at DEBUG unless it lasts longer than this.
-OUTAGE_ECHO = 2.0
 
 
 @dataclass(frozen=True)
@@ -94,82 +86,6 @@ def _refuse_backout_loop(settings: Settings, name: str, port: PortSettings) -> N
         )
 
 
-class Resources:
-    """What a container's ports share: broker, database tables, control, metrics."""
-
-    def __init__(self, settings: Settings, store: Store, broker: Broker) -> None:
-        self.settings = settings
-        self.store = store
-        self.broker = broker
-        self.capabilities: Capabilities = broker.capabilities
-        self.counter = DeliveryCounter(store)
-        self.dedup = Dedup(store)
-        self.outbox = Outbox(store, broker)
-        self.control = Control(store)
-        self.metrics = Metrics()
-        self.units = UnitResources(store, self.dedup, self.outbox)
-        self.shutting_down = False
-        self._outages: dict[str, tuple[float, str]] = {}  # kind: (since, what failed)
-        self._restored: dict[str, float] = {}  # kind: when its last outage ended
-        self._echoes: set[str] = set()
-        self._lock = threading.Lock()
-
-    def dedup_seen(self, port: str, message_id: str) -> bool:
-        return self.dedup.seen(port, message_id)
-
-    def outbox_dispatch(self, publisher: Publisher, pending: list[Pending]) -> None:
-        self.outbox.dispatch(publisher, pending)
-
-    def outage(self, kind: str, error: BaseException | None) -> None:
-        """Log an outage once, not once per message or per consumer."""
-        with self._lock:
-            level = self._outage_level(kind, time.monotonic(), error)
-        if level is None:
-            return
-        where = self.broker.masked_url if kind == "broker" else "the database"
-        log.log(level, "%s unavailable (%s): %s; retrying with backoff, counting nothing against "
-                "messages", kind, where, describe(error), extra=fields(outage=kind, outcome="outage"))
-
-    def _outage_level(self, kind: str, now: float, error: BaseException | None) -> int | None:
-        """How to log this report of an outage: None when it is already logged."""
-        current = self._outages.get(kind)
-        if current is None:
-            self._outages[kind] = (now, describe(error))
-            restored = self._restored.get(kind)  # never restored: a first outage, never an echo
-            if restored is not None and now - restored < OUTAGE_ECHO:
-                self._echoes.add(kind)
-                return logging.DEBUG
-            return logging.ERROR
-        if kind in self._echoes and now - current[0] >= OUTAGE_ECHO:  # an echo that lasts
-            self._echoes.discard(kind)
-            return logging.ERROR
-        return None
-
-    def recovered(self, kind: str) -> None:
-        if kind not in self._outages:
-            return
-        with self._lock:
-            if kind not in self._outages:
-                return
-            since, _ = self._outages.pop(kind)
-            self._restored[kind] = time.monotonic()
-            level = logging.DEBUG if kind in self._echoes else logging.INFO
-            self._echoes.discard(kind)
-        duration = time.monotonic() - since
-        log.log(level, "%s connection restored after %.1fs", kind, duration,
-                extra=fields(outage=kind, outcome="restored", duration=round(duration, 3)))
-
-    @property
-    def outages(self) -> set[str]:
-        return set(self._outages)
-
-    def outage_report(self) -> dict[str, tuple[float, str]]:
-        """Each current outage: seconds since it began, and what failed (for /readyz)."""
-        now = time.monotonic()
-        with self._lock:
-            return {kind: (now - since, error) for kind, (since, error) in self._outages.items()}
-
-
 class Container:
     """One container process: its ports, its heartbeat, its housekeeping."""
 
@@ -178,12 +94,12 @@ class Container:
         self.bindings = bind(settings, ports)
         self.broker = Broker(settings)
         self.store = Store(settings.container)
-        self.resources = Resources(settings, self.store, self.broker)
+        self.resources = SharedResources(settings, self.store, self.broker)
         self.ports = {b.name: self._port(b) for b in self.bindings}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._generations: dict[str, int] = {}
-        self.http: OperationsServer | None = None
+        self.endpoints: OperationsServer | None = None
         for port in self.ports.values():
             self._bind_metrics(port)
 
@@ -225,8 +141,8 @@ class Container:
         """Create tables, register with the fleet, start ports and the background loops."""
         c = self.settings.container
         if c.metrics_port:
-            self.http = OperationsServer(self, c.metrics_host, c.metrics_port)
-            self.http.start()
+            self.endpoints = OperationsServer(self, c.metrics_host, c.metrics_port)
+            self.endpoints.start()
         wanted = self._prepare_database()
         for name, port in self.ports.items():
             w = wanted.get(name)
@@ -257,8 +173,8 @@ class Container:
         finished = all(p.join(max(0.0, deadline - time.monotonic())) for p in self.ports.values())
         for thread in self._threads:
             thread.join(1.0)
-        if self.http is not None:
-            self.http.stop()
+        if self.endpoints is not None:
+            self.endpoints.stop()
         try:
             self.resources.control.deregister()
         except Exception as exc:
@@ -281,17 +197,10 @@ class Container:
             log.warning("database unavailable at start (attempt %d): %s; retrying in %.1fs",
                         state.attempt_number, describe(error), state.upcoming_sleep)
 
-        policy = ReconnectPolicy()
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(is_infrastructure), wait=policy.wait(),
-            stop=tenacity.stop_when_event_set(self._stop), sleep=lambda seconds: self._pause(seconds),
-            before_sleep=before_sleep, reraise=True,
-        )
+        retrying = RETRY.until_stopped(self._stop, retry=tenacity.retry_if_exception(is_infrastructure),
+                                       before_sleep=before_sleep)
         wanted: dict[str, Wanted] = retrying(prepare)
         return wanted
-
-    def _pause(self, seconds: float) -> None:
-        self._stop.wait(seconds)
 
     def run(self) -> int:
         """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early)."""

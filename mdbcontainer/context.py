@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import TransactionError
 from .message import Message
-from .producer import outgoing
+from .outgoing import outgoing
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from .transactions import Unit
+    from .transactions import UnitOfWork
 
 
 class MessageContext:
@@ -27,7 +27,7 @@ class MessageContext:
 
     __slots__ = ("_unit", "message", "port")
 
-    def __init__(self, message: Message, port: str, unit: Unit) -> None:
+    def __init__(self, message: Message, port: str, unit: UnitOfWork) -> None:
         self.message = message
         self.port = port
         self._unit = unit
@@ -95,7 +95,7 @@ class MessageContext:
             raise TransactionError(f"port {self.port!r}: message {self.message.id} has no reply_to")
         options.setdefault("correlation_id", self.message.correlation_id or self.message.id)
         message = replace(outgoing(self.message.reply_to, body, **options), reply=True)
-        self._unit.send(message, reply=True)
+        self._unit.send(message)
         return message.message_id
 
     def move_to(self, queue: str, reason: str) -> None:

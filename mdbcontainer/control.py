@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from .store import Store, utcnow
 
@@ -49,7 +48,6 @@ class Control:
         self.id = container_id or new_container_id()
         self.ports = store.tables.port
         self.containers = store.tables.container
-        self._insert: Any = postgresql.insert if store.dialect == "postgresql" else sqlite.insert
 
     def register(self) -> None:
         now = utcnow()
@@ -79,7 +77,7 @@ class Control:
     def set_port(self, name: str, state: str, reason: str = "") -> None:
         """Switch a port for the whole fleet (``started`` or ``stopped``)."""
         t = self.ports
-        stmt = self._insert(t).values(name=name, state=state, reason=reason, since=utcnow(),
+        stmt = self.store.insert(t).values(name=name, state=state, reason=reason, since=utcnow(),
                                       generation=1)
         stmt = stmt.on_conflict_do_update(
             index_elements=[t.c.name],

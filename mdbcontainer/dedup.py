@@ -20,7 +20,6 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, delete, exists, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from .store import Store, utcnow
@@ -46,10 +45,9 @@ class Dedup:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.table = store.tables.dedup
-        self._insert: Any = postgresql.insert if store.dialect == "postgresql" else sqlite.insert
         t = self.table
         self._claim = (
-            self._insert(t)
+            self.store.insert(t)
             .values(port=bindparam("port"), message_id=bindparam("message_id"),
                     processed_at=bindparam("processed_at"))
             .on_conflict_do_nothing(index_elements=[t.c.port, t.c.message_id])

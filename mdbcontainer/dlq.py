@@ -30,17 +30,17 @@ from decimal import Decimal
 from typing import Any
 
 import typer
-from kombu.message import Message as KombuMessage
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from .backout import REASON_INVALID, REASON_MISSING_ID, REASON_THRESHOLD
-from .broker import EMBEDDED, Broker, Publisher, connection_errors, describe
+from .broker import Broker, Publisher, connection_errors, describe
 from .crash import crash_point
+from .delivery import Delivery, HeldMessages, body_bytes
 from .errors import BrokerUnavailable, MdbError, PublishError
 from .message import content_type_of
-from .producer import Outgoing
+from .outgoing import Outgoing
 from .settings import Settings
 
 ORIGINAL_DESTINATION = "x-mdb-original-destination"
@@ -143,22 +143,16 @@ def dumps(data: Any) -> str:
 # -- reading messages ------------------------------------------------------------
 
 
-def _body_bytes(body: Any, encoding: str | None) -> bytes:
-    if isinstance(body, bytes):
-        return body
-    return str(body).encode(encoding or "utf-8", errors="surrogateescape")
-
-
-def _from_kombu(queue: str, message: Any) -> DeadLetter:
+def _from_delivery(queue: str, message: Delivery) -> DeadLetter:
     props = {k: v for k, v in message.properties.items()
              if k not in ("application_headers", "delivery_info", "delivery_tag", "body_encoding")}
     return DeadLetter(
         queue=queue,
         id=_text_or_none(props.get("message_id")),
-        headers=dict(message.headers or {}),
+        headers=message.headers,
         properties=props,
-        body=_body_bytes(message.body, message.content_encoding),
-        content_type=message.content_type or "",
+        body=message.body,
+        content_type=message.content_type,
     )
 
 
@@ -170,7 +164,7 @@ def _from_payload(queue: str, payload: dict[str, Any]) -> DeadLetter:
         id=_text_or_none(props.get("message_id")),
         headers=dict(payload.get("headers") or {}),
         properties=props,
-        body=_body_bytes(payload.get("body") or b"", payload.get("content-encoding")),
+        body=body_bytes(payload.get("body") or b"", payload.get("content-encoding")),
         content_type=str(payload.get("content-type") or ""),
     )
 
@@ -202,22 +196,14 @@ def _open_queue(broker: Broker, channel: Any, queue: str) -> None:
         raise DlqError(f"queue {queue!r} does not exist on broker {broker.masked_url}") from None
 
 
-def _take_unacked(channel: Any, queue: str) -> list[Any]:
-    """Every ready message of ``queue``, held without acknowledgment, in queue order."""
-    taken: list[Any] = []
-    while (raw := channel.basic_get(queue=queue, no_ack=False)) is not None:
-        taken.append(raw if isinstance(raw, KombuMessage) else channel.message_to_python(raw))
-    return taken
-
-
 def _browse_one(broker: Broker, channel: Any, queue: str) -> list[DeadLetter]:
     _open_queue(broker, channel, queue)
-    if broker.url.startswith(EMBEDDED):
+    if broker.is_embedded:
         from . import embedded
 
         path = broker.connection().hostname  # the same file the connection opens
         return [_from_payload(queue, p) for p in embedded.browse(path, queue)]
-    return [_from_kombu(queue, m) for m in _take_unacked(channel, queue)]
+    return [_from_delivery(queue, m) for m in HeldMessages(channel, queue).take_all()]
 
 
 def browse(settings: Settings, queue: str | None = None) -> list[DeadLetter]:
@@ -256,7 +242,7 @@ class Replayer:
     """Moves messages off backout queues: count reset, confirmed copy, then the acknowledgment."""
 
     def __init__(self, settings: Settings, to: str | None) -> None:
-        from .backout import DeliveryCounter
+        from .counts import DeliveryCounter
         from .dedup import Dedup
         from .store import Store
 
@@ -272,11 +258,10 @@ class Replayer:
         self.dedup = Dedup(self.store)
         self.publisher = Publisher(self.broker)
 
-    def move(self, source: str, message: Any) -> str | None:
-        """Replay one message; return why it stayed on ``source``, or None once it moved."""
-        from .delivery import copy_of
-
-        mid = message.properties.get("message_id")
+    def move(self, held: HeldMessages, message: Delivery) -> str | None:
+        """Replay one message; return why it stayed on its queue, or None once it moved."""
+        source = held.queue
+        mid = message.message_id
         destination = self.to or _text_or_none(message.headers.get(ORIGINAL_DESTINATION))
         if not destination:
             return f"message {mid!r} on {source} has no {ORIGINAL_DESTINATION} header: use --to"
@@ -284,17 +269,16 @@ class Replayer:
             if mid:
                 self.counter.reset(destination, str(mid))
                 self._forget_handled(message, str(mid), destination)
-            self._publish(copy_of(message, destination, replay_headers(dict(message.headers or {})),
-                                  replace=True))
+            self._publish(message.copy_to(destination, replay_headers(message.headers), replace=True))
         except SQLAlchemyError as exc:
             raise DlqError(f"cannot reset the redelivery count: {describe(exc)}") from None
         except connection_errors() as exc:
             raise PublishError(f"publish to {destination!r} failed: {describe(exc)}") from None
         crash_point("mid-replay")
-        message.ack()  # only after the confirm: a crash before this duplicates, never loses
+        held.remove(message)  # only after the confirm: a crash before this duplicates, never loses
         return None
 
-    def _forget_handled(self, message: Any, mid: str, destination: str) -> None:
+    def _forget_handled(self, message: Delivery, mid: str, destination: str) -> None:
         """A message the handler moved (``ctx.move_to``) was handled: its dedup row committed.
 
         Without deleting it, the copy replayed to its port would be acknowledged
@@ -302,7 +286,7 @@ class Replayer:
         backed out never committed a row; one found there was written by a copy
         of an earlier, interrupted replay, and must stay to absorb this one.
         """
-        headers = message.headers or {}
+        headers = message.headers
         port = _text_or_none(headers.get("x-mdb-port"))
         reason = _text_or_none(headers.get("x-mdb-backout-reason"))
         if (port and reason not in CONTAINER_REASONS
@@ -348,13 +332,14 @@ def replay(
 def _replay_from(replayer: Replayer, channel: Any, source: str, ids: list[str], replay_all: bool,
                  result: ReplayResult, seen: set[str]) -> bool:
     """Replay the selected messages of one queue; False when a failure says stop."""
-    for message in _take_unacked(channel, source):
-        mid = message.properties.get("message_id")
+    held = HeldMessages(channel, source)
+    for message in held.take_all():
+        mid = message.message_id
         if not (replay_all or mid in ids):
             continue  # never acknowledged: back in its place when the channel closes
         seen.add(str(mid))
         try:
-            problem = replayer.move(source, message)
+            problem = replayer.move(held, message)
         except MdbError as exc:
             result.problems.append(f"message {mid!r} stays on {source}: {exc}")
             return False

@@ -8,6 +8,7 @@ The tree::
     ├── BrokerError               the broker refused or could not be reached
     │   ├── BrokerUnavailable     no connection within ``connect_timeout``
     │   │   └── QueueUnavailable  a queue's node is down: an outage, waited out
+    │   ├── SubscriptionInUse     a durable subscription already has its one active subscriber
     │   └── PublishError          the broker did not confirm a publish
     │       └── Unroutable        a mandatory publish reached no queue
     ├── RequestTimeout            ``Producer.request`` got no reply in time
@@ -46,6 +47,10 @@ class QueueUnavailable(BrokerUnavailable):
     An outage like a lost connection: waited out with backoff, never a failed
     delivery or a port stop (a classic queue lives on one node).
     """
+
+
+class SubscriptionInUse(BrokerError):
+    """A durable subscription already has its one active subscriber (JMS allows one)."""
 
 
 class PublishError(BrokerError):

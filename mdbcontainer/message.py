@@ -35,7 +35,7 @@ class Message:
     its database, not in memory.
     """
 
-    id: str | None
+    id: str
     body: Any
     headers: dict[str, Any] = field(default_factory=dict)
     redelivery_count: int = 0

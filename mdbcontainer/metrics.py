@@ -107,10 +107,6 @@ class Metrics:
             latency = self._latencies[port] = self.latency_seconds.labels(port=port)
         latency.observe(max(0.0, time.time() - sent))  # a producer's clock may run ahead
 
-    def port_state(self, port: str, started: bool) -> None:
-        """Kept for ports not bound with :meth:`bind_port` (a bound port's gauge reads the port)."""
-        self.port_started.labels(port=port).set(1 if started else 0)
-
     def exposition(self) -> bytes:
         """The Prometheus text format of this registry."""
         return generate_latest(self.registry)

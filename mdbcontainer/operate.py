@@ -48,7 +48,7 @@ def show_ports(settings: Settings, as_json: bool) -> None:
 
 def switch_port(settings: Settings, name: str, state: str, as_json: bool = False) -> None:
     from .container import bind
-    from .http import STOPPED_BY_OPERATOR
+    from .endpoints import STOPPED_BY_OPERATOR
 
     known = {b.name for b in bind(settings)}
     if name not in known:

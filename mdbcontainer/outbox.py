@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from .broker import Broker, Publisher
 from .crash import crash_point
 from .errors import PublishError
-from .producer import Outgoing
+from .outgoing import Outgoing
 from .store import Store, utcnow
 
 log = logging.getLogger("mdbcontainer.outbox")
@@ -64,7 +64,7 @@ class Outbox:
         """Insert rows for ``messages`` in the caller's transaction (one round trip each)."""
         pending = []
         for message in messages:
-            exchange, routing_key, mandatory = self._route(message.destination)
+            exchange, routing_key, mandatory = self.broker.route(message.destination)
             mandatory = mandatory and not message.reply  # a reply is never declared
             values = {
                 "created_at": utcnow(), "port": port, "exchange": exchange,
@@ -79,11 +79,6 @@ class Outbox:
             ).scalar_one()
             pending.append(Pending(int(row_id), values, message.properties))
         return pending
-
-    def _route(self, destination: str) -> tuple[str, str, bool]:
-        if destination in self.broker.settings.topics:
-            return destination, destination, False
-        return "", destination, True
 
     def dispatch(self, publisher: Publisher, pending: list[Pending]) -> None:
         """Publish committed rows, then delete them (crash point ``outbox-dispatch`` lies between)."""

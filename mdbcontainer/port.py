@@ -19,41 +19,25 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import tenacity
 
-from .acknowledge import acknowledger_for, check_supported
+from .acknowledge import acknowledger_for, check_mode
 from .broker import Publisher, Subscription, connection_errors, describe
-from .delivery import Pipeline
+from .counts import DeliveryCounter
+from .errors import SubscriptionInUse
+from .handlers import HandlerSpec
 from .logs import fields
-from .producer import Outgoing
+from .outgoing import Outgoing
+from .pipeline import Decision, Pipeline
 from .replies import mark_consumer_thread
+from .resources import SharedResources
+from .retry import DEFAULT as RETRY
+from .retry import RetryPolicy
 from .settings import PortSettings, QueueSettings
-from .subscriptions import SubscriptionInUse
-
-if TYPE_CHECKING:
-    from .container import Resources
-    from .handlers import HandlerSpec
 
 log = logging.getLogger("mdbcontainer.port")
-
-Decision = Literal["stop", "continue"]
-
-
-@dataclass(frozen=True)
-class ReconnectPolicy:
-    """Connection retries (not message redelivery): exponential, capped, until stopped."""
-
-    initial: float = 0.2
-    maximum: float = 5.0
-
-    def wait(self) -> tenacity.wait.wait_base:
-        return tenacity.wait_exponential(multiplier=self.initial, max=self.maximum)
-
-    def delay(self, attempt: int) -> float:
-        """The wait before retry ``attempt`` (1, 2, ...), as ``wait()`` computes it for tenacity."""
-        return float(min(self.maximum, self.initial * 2 ** max(0, attempt - 1)))
 
 
 @dataclass
@@ -75,25 +59,27 @@ class ListenerPort:
     name: str
     settings: PortSettings
     spec: HandlerSpec
-    resources: Resources
+    resources: SharedResources
     queue_settings: QueueSettings
     backout_queue: str
     state: str = "stopped"
     reason: str = ""
     since: datetime = field(default_factory=lambda: datetime.now(UTC))
     stats: PortStats = field(default_factory=PortStats)
-    consumers: list[Consumer] = field(default_factory=list)
-    policy: ReconnectPolicy = field(default_factory=ReconnectPolicy)
+    consumers: list[PortConsumer] = field(default_factory=list)
+    policy: RetryPolicy = RETRY
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         # Stopping and the state it shows change together: a consumer that connects just as
         # the control thread stops the port must not turn it back to ``started``.
         self._state_lock = threading.Lock()
-        self._stopping = threading.Event()
+        self.stop_event = threading.Event()
         self.queue = self.settings.queue_name
         self.ever_consumed = False
-        check_supported(self)
+        # Refuse at start a mode the transport cannot provide (one line naming the key).
+        check_mode(self.resources.settings.source, self.name, self.settings.acknowledge,
+                   self.resources.capabilities)
         # A non-durable subscription without a name is this port's own: unique per process.
         self._subscription_name = f"{self.name}.{uuid.uuid4().hex[:12]}"
 
@@ -103,18 +89,18 @@ class ListenerPort:
         """Start the consumers; the state turns ``started`` once all of them consume."""
         if self.consumers:
             return
-        self._stopping.clear()
+        self.stop_event.clear()
         with self._lock:
             self.stats.consecutive_failures = 0
         self.reason = "starting"
-        self.consumers = [Consumer(self, i) for i in range(self.settings.concurrency)]
+        self.consumers = [PortConsumer(self, i) for i in range(self.settings.concurrency)]
         for consumer in self.consumers:
             consumer.thread.start()
 
     def stop(self, reason: str, *, wait: float | None = None) -> None:
         """Stop consuming; in-flight deliveries finish, prefetched ones are handed back."""
         with self._state_lock:
-            self._stopping.set()
+            self.stop_event.set()
             self._set_state("stopped", reason)
         if wait is not None:
             self.join(wait)
@@ -131,7 +117,11 @@ class ListenerPort:
 
     @property
     def stopping(self) -> bool:
-        return self._stopping.is_set()
+        return self.stop_event.is_set()
+
+    @property
+    def counter(self) -> DeliveryCounter:
+        return self.resources.counter
 
     def declare(self, channel: Any) -> str:
         """Declare the port's queue (or subscription) and its backout queue; return the queue name."""
@@ -158,7 +148,6 @@ class ListenerPort:
     def _set_state(self, state: str, reason: str, *, logged: bool = False) -> None:
         if (state, reason) != (self.state, self.reason):
             self.state, self.reason, self.since = state, reason, datetime.now(UTC)
-            self.resources.metrics.port_state(self.name, state == "started")
             if not logged:  # one line per state change: the caller may have logged it richer
                 log.info("port %s %s%s", self.name, state, f": {reason}" if reason else "",
                          extra=fields(port=self.name, state=state, reason=reason))
@@ -197,7 +186,7 @@ class ListenerPort:
                   extra=fields(port=self.name, message_id=message_id, outcome="port_stopped",
                                state="stopped", reason=reason))
         with self._state_lock:
-            self._stopping.set()
+            self.stop_event.set()
             self._set_state("stopped", reason, logged=True)
         self.resources.control.set_port(self.name, "stopped", reason)
 
@@ -210,19 +199,9 @@ class ListenerPort:
             f"{message_id}: {describe(error)}"
         )
 
-    # -- infrastructure outages --------------------------------------------
 
-    def wait_out_outage(self, error: BaseException, attempt: int = 1) -> bool:
-        """Hold a delivery while the database is away, with backoff; False when the port is stopping."""
-        self.resources.outage("database", error)
-        return not self._stopping.wait(self.policy.delay(attempt)) and not self.resources.shutting_down
-
-    def outage_over(self) -> None:
-        self.resources.recovered("database")
-
-
-class Consumer:
-    """One consumer thread: connect, declare, consume, and reconnect with backoff."""
+class PortConsumer:
+    """One consumer thread of a port: connect, declare, consume, and reconnect with backoff."""
 
     def __init__(self, port: ListenerPort, index: int) -> None:
         self.port = port
@@ -230,9 +209,7 @@ class Consumer:
         self.consuming = False
         self.handing_back = False
         self._publisher: Publisher | None = None
-        self._handed_back: list[str] = []
-        self._wake = threading.Event()
-        self.acks = acknowledger_for(self)
+        self.acks = acknowledger_for(port)
         self.thread = threading.Thread(
             target=self._run, name=f"mdb-{port.name}-{index}", daemon=True
         )
@@ -257,9 +234,6 @@ class Consumer:
         target: Any = self.acks if self.acks.transacted else publisher
         target.publish(exchange=exchange, routing_key=routing_key, body=message.body,
                        properties=message.properties, mandatory=mandatory)
-
-    def sleep(self, seconds: float) -> None:
-        self.port._stopping.wait(seconds)
 
     def _should_run(self) -> bool:
         return not self.port.stopping and not self.port.resources.shutting_down
@@ -291,13 +265,9 @@ class Consumer:
 
     def _open(self, pipeline: Pipeline) -> Subscription | None:
         """Connect and start consuming, retrying with backoff until it works or the port stops."""
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(connection_errors()),
-            wait=self.port.policy.wait(),
-            stop=tenacity.stop_when_event_set(self.port._stopping),
-            sleep=self.sleep,
+        retrying = self.port.policy.until_stopped(
+            self.port.stop_event, retry=tenacity.retry_if_exception_type(connection_errors()),
             before_sleep=self._before_retry,
-            reraise=True,
         )
         try:
             return retrying(self._subscribe, pipeline)
@@ -306,7 +276,7 @@ class Consumer:
         except SubscriptionInUse as exc:  # not a fault to retry: JMS refuses a second subscriber
             reason = f"{exc} (then mdb port start {self.port.name})"
             log.error("port %s stopped: %s", self.port.name, reason)
-            self.port._stopping.set()
+            self.port.stop_event.set()
             self.port._set_state("stopped", reason, logged=True)
             return None
 
@@ -348,28 +318,8 @@ class Consumer:
             self.port.consumer_changed()
 
     def _hand_back_all(self, sub: Subscription) -> None:
-        """Graceful stop: cancel, so deliveries sent before the cancel reach hand_back() too."""
+        """Graceful stop: cancel, so deliveries sent before the cancel reach the pipeline's hand-back."""
         self.handing_back = True
         sub.cancel()
-        self._flush_hand_backs()
         self.acks.close()
         self.handing_back = False
-
-    def hand_back(self, raw: Any, message_id: str | None = None) -> None:
-        """Return an unprocessed delivery to its queue without counting it as a failure."""
-        message_id = message_id or raw.properties.get("message_id")
-        if message_id and raw.delivery_info.get("redelivered") is not None:
-            self._handed_back.append(str(message_id))
-        self._flush_hand_backs()
-        raw.reject(requeue=True)
-
-    def _flush_hand_backs(self) -> None:
-        if not self._handed_back:
-            return
-        ids, self._handed_back = self._handed_back, []
-        try:
-            self.port.resources.counter.hand_back(self.port.queue, ids)
-        except Exception as exc:  # the database is away: the message may count once more
-            log.warning("port %s: could not record %d hand-back(s): %s",
-                        self.port.name, len(ids), describe(exc))
-

@@ -26,16 +26,24 @@ import socket
 import threading
 import time
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import kombu
 
+from .broker import Broker
+from .delivery import Delivery, envelope
 from .errors import MdbError, RequestTimeout, TransactionError
 from .message import JSON, TEXT, InvalidBody, Message
+from .settings import PortSettings
 
-if TYPE_CHECKING:
-    from .producer import Producer
-    from .settings import PortSettings
+
+class Sender(Protocol):
+    """What a request needs of its producer: the broker, and a send with ``reply_to``."""
+
+    broker: Broker
+
+    def send(self, destination: str, body: Any, *, reply_to: str | None = ...,
+             correlation_id: str | None = ..., **options: Any) -> str: ...
 
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 
@@ -67,7 +75,7 @@ def check_not_in_unit_of_work(destination: str) -> None:
 
 
 def wait_for_reply(
-    producer: Producer,
+    producer: Sender,
     destination: str,
     body: Any,
     seconds: float,
@@ -85,7 +93,7 @@ def wait_for_reply(
     try:
         channel = conn.channel()
         queue = _temporary_queue(channel)
-        replies: list[Any] = []
+        replies: list[Delivery] = []
         consumer = _listen(channel, queue, correlation_id, replies)
         producer.send(destination, body, reply_to=queue, correlation_id=correlation_id, **options)
         raw = _wait(conn, replies, seconds)
@@ -105,12 +113,13 @@ def _temporary_queue(channel: Any) -> str:
     return str(ok.queue)
 
 
-def _listen(channel: Any, queue: str, correlation_id: str, replies: list[Any]) -> kombu.Consumer:
+def _listen(channel: Any, queue: str, correlation_id: str, replies: list[Delivery]) -> kombu.Consumer:
     def keep(raw: Any) -> None:
         # Replies to an earlier request of this queue cannot exist (the queue is new);
         # a stray message without our correlation id is dropped.
-        if raw.properties.get("correlation_id") == correlation_id:
-            replies.append(raw)
+        delivery = Delivery(raw)
+        if delivery.properties.get("correlation_id") == correlation_id:
+            replies.append(delivery)
 
     consumer = kombu.Consumer(channel, queues=[kombu.Queue(queue, no_declare=True)],
                               on_message=keep, no_ack=True, auto_declare=False, accept=None)
@@ -118,7 +127,7 @@ def _listen(channel: Any, queue: str, correlation_id: str, replies: list[Any]) -
     return consumer
 
 
-def _wait(conn: kombu.Connection, replies: list[Any], seconds: float) -> Any:
+def _wait(conn: kombu.Connection, replies: list[Delivery], seconds: float) -> Delivery | None:
     deadline = time.monotonic() + seconds
     while not replies:
         remaining = deadline - time.monotonic()
@@ -129,12 +138,10 @@ def _wait(conn: kombu.Connection, replies: list[Any], seconds: float) -> Any:
     return replies[0]
 
 
-def _message(raw: Any, queue: str) -> Message:
-    from .delivery import envelope
-
-    message_id = raw.properties.get("message_id")
+def _message(reply: Delivery, queue: str) -> Message:
+    message_id = reply.message_id
     try:
-        return envelope(raw, str(message_id or ""), 0, [JSON, TEXT], MAX_REPLY_BYTES, queue)
+        return envelope(reply, message_id or "", 0, [JSON, TEXT], MAX_REPLY_BYTES, queue)
     except InvalidBody as exc:
         raise MdbError(f"reply {message_id} cannot be read: {exc}") from None
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import tenacity
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -30,6 +30,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -202,14 +203,9 @@ class Store:
             return
         # SQLite: a deferred transaction that read the schema cannot take the write lock
         # while another process creates the tables (SQLITE_BUSY, no wait): try again.
-        for attempt in range(40):
-            try:
-                self._create_tables()
-                return
-            except OperationalError:
-                if attempt == 39:
-                    raise
-                time.sleep(0.05)
+        tenacity.Retrying(retry=tenacity.retry_if_exception_type(OperationalError), reraise=True,
+                          stop=tenacity.stop_after_attempt(40), wait=tenacity.wait_fixed(0.05),
+                          )(self._create_tables)
 
     def _create_tables(self) -> None:
         with self.engine.begin() as conn:
@@ -220,6 +216,10 @@ class Store:
                 # Two containers starting at once must not race on CREATE TABLE.
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7426001)")
             self.tables.metadata.create_all(conn)
+
+    def insert(self, table: Table) -> Any:
+        """The dialect's INSERT, the one with ``ON CONFLICT`` (PostgreSQL and SQLite alike)."""
+        return postgresql.insert(table) if self.dialect == "postgresql" else sqlite.insert(table)
 
     def session(self) -> Session:
         """This thread's Session, reused across deliveries (each unit of work closes it after use).

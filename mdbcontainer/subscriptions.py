@@ -16,70 +16,9 @@ included, so no stale owner ever has to time out (a row in a database would).
 
 from __future__ import annotations
 
-import fcntl
-import os
-import re
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-from .errors import BrokerError, MdbError
-
-if TYPE_CHECKING:
-    from .broker import Broker
-
-
-class SubscriptionInUse(BrokerError):
-    """A durable subscription already has its one active subscriber."""
-
-
-def in_use(queue: str, detail: str) -> SubscriptionInUse:
-    """The one-line refusal, for a second container and for ``mdb unsubscribe`` alike."""
-    return SubscriptionInUse(
-        f"durable subscription {queue!r} is active ({detail}): JMS allows one active "
-        "subscriber; stop the port that consumes it first"
-    )
-
-
-class OwnerLock:
-    """The embedded broker's stand-in for an exclusive consumer: a lock file held while consuming."""
-
-    def __init__(self, path: Path, queue: str) -> None:
-        self.path = path
-        self.queue = queue
-        self._fd: int | None = None
-
-    @classmethod
-    def for_queue(cls, broker_path: str, queue: str) -> OwnerLock:
-        base = Path(broker_path)
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", queue)
-        return cls(base.with_name(base.name + ".subscriptions") / f"{safe}.lock", queue)
-
-    def acquire(self) -> None:
-        """Take the lock without waiting; SubscriptionInUse naming the owner's pid otherwise."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise in_use(self.queue, f"consumed by pid {owner or '?'}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-
-def embedded_path(broker: Broker) -> str:
-    """The embedded broker's file, as ``Broker.connection`` resolves it."""
-    from .broker import EMBEDDED
-
-    return broker.url[len(EMBEDDED):] or ".mdb/broker.db"
+from .broker import Broker
+from .errors import MdbError
+from .ownership import OwnerLock, in_use
 
 
 def unsubscribe(broker: Broker, client_id: str, subscription: str) -> int:
@@ -89,8 +28,8 @@ def unsubscribe(broker: Broker, client_id: str, subscription: str) -> int:
     """
     queue = f"{client_id}.{subscription}"
     lock = None
-    if broker.capabilities.name == "embedded":
-        lock = OwnerLock.for_queue(embedded_path(broker), queue)
+    if broker.is_embedded:
+        lock = OwnerLock.for_queue(broker.embedded_path, queue)
         lock.acquire()  # held while deleting, so no container can start consuming meanwhile
     try:
         return _delete_unused(broker, queue)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sqlalchemy import exc as sa_exc
 
@@ -27,7 +27,7 @@ from .crash import crash_point
 from .dedup import Dedup, DuplicateMessage
 from .errors import TransactionError
 from .outbox import Outbox, Pending
-from .producer import Outgoing
+from .outgoing import Outgoing
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -104,8 +104,16 @@ def _sqlite_statement_error(exc: BaseException) -> bool:
     return isinstance(code, int) and code & 0xFF == _SQLITE_ERROR
 
 
+class ClientAcknowledgment(Protocol):
+    """``ctx.acknowledge()`` and ``ctx.recover()`` of a delivery (``acknowledge = "client"``)."""
+
+    def acknowledge(self) -> None: ...
+
+    def recover(self) -> None: ...
+
+
 @dataclass
-class Resources:
+class TransactionResources:
     """What units of work need from the container, shared by a port's consumers."""
 
     store: Store | None
@@ -113,20 +121,18 @@ class Resources:
     outbox: Outbox | None
 
 
-class Unit:
+class UnitOfWork:
     """One delivery's unit of work; the base runs without a transaction."""
-
-    transactional = False
 
     def __init__(
         self,
         port: str,
         message_id: str,
-        resources: Resources,
+        resources: TransactionResources,
         *,
         once_only: bool,
         move_copy: Callable[[str, str], Outgoing],
-        client_ack: Callable[[str], None] | None = None,
+        client_ack: ClientAcknowledgment | None = None,
     ) -> None:
         self.port = port
         self.message_id = message_id
@@ -161,7 +167,7 @@ class Unit:
         dedup = self.resources.dedup
         return self._claim_last and dedup is not None and dedup.seen(self.port, self.message_id)
 
-    def send(self, message: Outgoing, reply: bool = False) -> None:
+    def send(self, message: Outgoing) -> None:
         self._sends.append(message)
 
     def move_to(self, queue: str, reason: str) -> None:
@@ -175,12 +181,12 @@ class Unit:
     def acknowledge(self) -> None:
         if self._client_ack is None:
             raise TransactionError(f"port {self.port!r}: ctx.acknowledge() needs acknowledge = 'client'")
-        self._client_ack("ack")
+        self._client_ack.acknowledge()
 
     def recover(self) -> None:
         if self._client_ack is None:
             raise TransactionError(f"port {self.port!r}: ctx.recover() needs acknowledge = 'client'")
-        self._client_ack("recover")
+        self._client_ack.recover()
 
     def run(self, call: Callable[[], None]) -> Outcome:
         """Run the handler; sends leave after it returns (no transaction to join)."""
@@ -194,10 +200,8 @@ class Unit:
         return Outcome("handled", direct=list(self._sends))
 
 
-class ContainerManaged(Unit):
+class ContainerManaged(UnitOfWork):
     """CMT: dedup claim, handler, outbox and commit in one transaction the container owns."""
-
-    transactional = True
 
     def run(self, call: Callable[[], None]) -> Outcome:
         store, outbox = self.resources.store, self.resources.outbox
@@ -231,10 +235,8 @@ class ContainerManaged(Unit):
         return self.resources.dedup.claim(session, self.port, self.message_id)
 
 
-class BeanManaged(Unit):
+class BeanManaged(UnitOfWork):
     """BMT: the handler demarcates ``with ctx.transaction() as session``; once per delivery."""
-
-    transactional = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -242,7 +244,7 @@ class BeanManaged(Unit):
         self._pending: list[Pending] = []
         self._after_tx: list[Outgoing] = []
 
-    def send(self, message: Outgoing, reply: bool = False) -> None:
+    def send(self, message: Outgoing) -> None:
         # Inside ctx.transaction() a send joins the transaction; outside it, it
         # leaves after the handler returns.
         (self._sends if self.session is not None else self._after_tx).append(message)
@@ -301,10 +303,10 @@ def _failure(exc: BaseException) -> Outcome:
     return Outcome("failed", exc)
 
 
-def unit_class(transaction: str, attribute: str) -> type[Unit]:
+def unit_class(transaction: str, attribute: str) -> type[UnitOfWork]:
     """The unit of work for a port's ``transaction`` and ``transaction_attribute``."""
     if transaction == "bean":
         return BeanManaged
     if transaction == "container" and attribute != "NotSupported":
         return ContainerManaged
-    return Unit
+    return UnitOfWork

@@ -21,7 +21,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.message import Message
 
 from mdbcontainer import embedded
-from mdbcontainer.embedded import Transport, Unroutable, browse, topic_matches
+from mdbcontainer.embedded import NoRoute, Transport, browse, topic_matches
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -219,7 +219,7 @@ def test_redeclare_with_other_arguments_fails(conn: Connection) -> None:
 
 
 def test_mandatory_publish_without_route_raises(conn: Connection) -> None:
-    with pytest.raises(Unroutable) as info:
+    with pytest.raises(NoRoute) as info:
         publish(conn, qname(), "lost", mandatory=True)
     assert info.value.reply_code == 312
     publish(conn, qname(), "dropped")  # not mandatory: dropped, as RabbitMQ does

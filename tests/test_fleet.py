@@ -13,7 +13,7 @@ import pytest
 
 from mdbcontainer.broker import Broker, publisher
 from mdbcontainer.outbox import RELAY_LOCK, Outbox
-from mdbcontainer.producer import Outgoing
+from mdbcontainer.outgoing import Outgoing
 from mdbcontainer.store import Store
 from tests.conftest import Backend
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mdbcontainer.delivery import envelope
+from mdbcontainer.delivery import Delivery, envelope
 from mdbcontainer.handlers import Invoker, import_listeners
 from mdbcontainer.message import MAX_JSON_DEPTH, InvalidBody
 from mdbcontainer.testing import wait_for
@@ -69,7 +69,7 @@ def test_decode_path_only_ever_says_invalid_body(body: bytes, ctype: str, header
                                             "expiration": expiration})
     invoker = Invoker.for_spec(import_listeners(["tests.apps.typed"])["Typed"])
     try:
-        message = envelope(raw, "id", 0, ACCEPT, MAX_BYTES, "Q")
+        message = envelope(Delivery(raw), "id", 0, ACCEPT, MAX_BYTES, "Q")
         invoker.argument(message)
     except InvalidBody as exc:
         text = str(exc)
@@ -84,7 +84,7 @@ def test_decode_path_only_ever_says_invalid_body(body: bytes, ctype: str, header
 def test_deep_nesting_is_refused_before_parsing() -> None:
     raw = RawMessage(b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1), "application/json")
     with pytest.raises(InvalidBody, match="nested deeper"):
-        envelope(raw, "id", 0, ACCEPT, 10**6, "Q")
+        envelope(Delivery(raw), "id", 0, ACCEPT, 10**6, "Q")
 
 
 hostile = st.tuples(st.one_of(st.binary(min_size=1, max_size=100), nested,
@@ -139,7 +139,7 @@ def test_hostile_messages_are_backed_out_and_the_port_keeps_running(backend: Bac
 
 def _decodes(body: bytes, ctype: str) -> bool:
     try:
-        envelope(RawMessage(body, ctype), "x", 0, ACCEPT, MAX_BYTES, "Q")
+        envelope(Delivery(RawMessage(body, ctype)), "x", 0, ACCEPT, MAX_BYTES, "Q")
     except InvalidBody:
         return False
     return True

@@ -157,14 +157,14 @@ def test_an_outage_is_logged_once_though_each_consumer_notices_it_on_its_own(
 ) -> None:
     """Consumers busy in a handler notice a lost connection after others have reconnected:
     those late reports are the same outage, unless the connection stays lost."""
-    from mdbcontainer import container as module
+    from mdbcontainer import resources as module
     from mdbcontainer.broker import Broker
     from mdbcontainer.settings import settings_from_dict
 
     monkeypatch.setattr(module, "OUTAGE_ECHO", 0.3)
     settings = settings_from_dict({"container": {"database_url": f"sqlite:///{tmp_path / 'c.db'}"}})
-    resources = module.Resources(settings, Store(settings.container), Broker(settings))
-    caplog.set_level("INFO", logger="mdbcontainer.container")
+    resources = module.SharedResources(settings, Store(settings.container), Broker(settings))
+    caplog.set_level("INFO", logger="mdbcontainer.resources")
     lost = ConnectionResetError("reset by peer")
     resources.outage("broker", lost)
     resources.outage("broker", lost)  # a second consumer, same moment

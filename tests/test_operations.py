@@ -405,7 +405,7 @@ def _container(consumers: list[Any], *, state: str = "started", reason: str = ""
 
 
 def test_liveness_fails_only_for_a_dead_or_wedged_consumer() -> None:
-    from mdbcontainer.http import WEDGED_AFTER, liveness
+    from mdbcontainer.endpoints import WEDGED_AFTER, liveness
 
     assert liveness(_container([_consumer()])) == []
     assert liveness(_container([_consumer(idle_for=WEDGED_AFTER + 5, delivering=True)])) == [], \
@@ -422,7 +422,7 @@ def test_liveness_fails_only_for_a_dead_or_wedged_consumer() -> None:
 
 
 def test_readiness_counts_ports_stopped_as_configured_as_ready() -> None:
-    from mdbcontainer.http import STOPPED_BY_OPERATOR, readiness
+    from mdbcontainer.endpoints import STOPPED_BY_OPERATOR, readiness
 
     assert readiness(_container([], state="stopped", reason=STOPPED_BY_OPERATOR)) == []
     assert readiness(_container([], state="stopped", autostart=False)) == []

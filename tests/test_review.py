@@ -232,7 +232,7 @@ def test_a_bean_whose_teardown_raises_still_fails_with_its_own_error() -> None:
 
 def test_the_exception_kept_in_x_mdb_exception_masks_passwords() -> None:
     """Contract 3: secrets never appear in errors; x-mdb-exception is printed by mdb dlq show."""
-    from mdbcontainer.backout import exception_text
+    from mdbcontainer.counts import exception_text
 
     try:
         raise RuntimeError("cannot reach https://svc:hunter2@api.example/ (password=hunter2)")

@@ -62,7 +62,7 @@ def test_unknown_key_is_an_error_with_a_suggestion(tmp_path: Path) -> None:
 
 
 def test_unknown_container_key_is_an_error(tmp_path: Path) -> None:
-    path = write(tmp_path, '[container]\nbroker_ulr = "memory://"\n')
+    path = write(tmp_path, '[container]\nbroker_ulr = "embedded://b.db"\n')
     with pytest.raises(SettingsError, match=r"container.broker_ulr: unknown key .*Did you mean 'broker_url'"):
         load_settings(path, environ={})
 
@@ -89,7 +89,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_environment_overrides_any_key_case_insensitively(tmp_path: Path) -> None:
-    path = write(tmp_path, '[container]\nbroker_url = "memory://"\n[ports.OrdersPort]\ndestination = "O"\n')
+    path = write(tmp_path, '[container]\nbroker_url = "embedded://b.db"\n[ports.OrdersPort]\ndestination = "O"\n')
     settings = load_settings(path, environ={
         "MDB_CONTAINER__BROKER_URL": "amqp://guest:guest@127.0.0.1//",
         "MDB_PORTS__ORDERSPORT__MAX_RETRIES": "7",
@@ -161,3 +161,11 @@ def test_inline_defaults_are_overridden_key_by_key() -> None:
     [binding] = bind(settings)
     assert binding.settings.transaction == "bean"  # from @message_driven(..., transaction="bean")
     assert binding.settings.max_retries == 3  # from TOML
+
+
+@pytest.mark.parametrize("url", ["memory://", "redis://127.0.0.1:6379/0"])
+def test_a_broker_url_no_behaviour_test_runs_on_is_refused(tmp_path: Path, url: str) -> None:
+    """memory:// was accepted once, but it does not flag redeliveries and nothing tested it."""
+    path = write(tmp_path, f'[container]\nbroker_url = "{url}"\n')
+    with pytest.raises(SettingsError, match=r"container.broker_url: .*is not a broker this package runs on"):
+        load_settings(path, environ={})

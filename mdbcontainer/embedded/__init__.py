@@ -48,7 +48,7 @@ from .channel import logger as logger
 from .claims import channel_token as channel_token
 from .claims import owner_alive as owner_alive
 from .claims import owner_token as owner_token
-from .errors import Unroutable
+from .errors import NoRoute
 from .payload import DELIVERY_COUNT_HEADER as DELIVERY_COUNT_HEADER
 from .payload import Payload as Payload
 from .payload import dumps as dumps
@@ -60,13 +60,13 @@ from .schema import MIN_SQLITE as MIN_SQLITE
 from .schema import SCHEMA_VERSION as SCHEMA_VERSION
 from .schema import SYNCHRONOUS_MODES as SYNCHRONOUS_MODES
 from .schema import db_path
-from .store import Store as Store
+from .store import BrokerState as BrokerState
 from .transport import Transport
 
 __all__ = [
     "Channel",
+    "NoRoute",
     "Transport",
-    "Unroutable",
     "browse",
     "db_path",
     "topic_matches",

@@ -19,10 +19,10 @@ from amqp.exceptions import ChannelError
 from kombu.log import get_logger
 
 from .claims import channel_closed, channel_opened, channel_token
-from .errors import BASIC_RETURN, Unroutable
+from .errors import BASIC_RETURN, NoRoute
 from .payload import Payload, split_tag
 from .schema import DEFAULT_BUSY_TIMEOUT, db_path
-from .store import Store
+from .store import BrokerState
 from .topology import TopologyChannel
 
 # The package's name, as before it was split: log lines keep their logger.
@@ -48,7 +48,7 @@ class Channel(TopologyChannel):
         self._token = channel_token(self._uid)
         self._exclusive = set()
         self._reclaim_interval = float(opts.get("reclaim_interval", DEFAULT_RECLAIM_INTERVAL))
-        self._store = Store(
+        self._store = BrokerState(
             db_path(client.hostname),
             busy_timeout=float(opts.get("busy_timeout", DEFAULT_BUSY_TIMEOUT)),
             synchronous=str(opts.get("synchronous", "NORMAL")),
@@ -102,7 +102,7 @@ class Channel(TopologyChannel):
         """Route and store in one transaction; the publish is then durable.
 
         A mandatory publish nobody takes goes to ``basic_return`` handlers,
-        or raises :class:`Unroutable` when there are none (py-amqp's way).
+        or raises :class:`NoRoute` when there are none (py-amqp's way).
         """
         self._inplace_augment_message(  # type: ignore[no-untyped-call]
             message, exchange, routing_key
@@ -110,7 +110,7 @@ class Channel(TopologyChannel):
         routed = self.store.publish(exchange or "", routing_key or "", message)
         if routed or not kwargs.get("mandatory"):
             return
-        exc = Unroutable("NO_ROUTE", BASIC_RETURN, reply_code=312)
+        exc = NoRoute("NO_ROUTE", BASIC_RETURN, reply_code=312)
         handlers = self.events.get("basic_return")
         if not handlers:
             raise exc
@@ -208,7 +208,7 @@ class Channel(TopologyChannel):
             if store is not None:
                 self._close_store(store)
 
-    def _close_store(self, store: Store) -> None:
+    def _close_store(self, store: BrokerState) -> None:
         try:
             for queue in self._exclusive:
                 store.delete_queue(queue)

@@ -19,7 +19,7 @@ BASIC_PUBLISH = (60, 40)
 BASIC_RETURN = (60, 50)
 
 
-class Unroutable(ChannelError):  # type: ignore[misc]
+class NoRoute(ChannelError):  # type: ignore[misc]
     """A mandatory publish that no queue took (AMQP ``basic.return`` 312).
 
     py-amqp raises a ChannelError with code 312 from a confirmed publish

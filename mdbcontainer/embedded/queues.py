@@ -1,6 +1,6 @@
 """Queues and their consumers, as rows every process sees.
 
-The base of :class:`~mdbcontainer.embedded.store.Store`: it owns the
+The base of :class:`~mdbcontainer.embedded.store.BrokerState`: it owns the
 connection and the lock; routing, messages and claims build on it.
 """
 

@@ -1,7 +1,7 @@
-"""The broker's state in one SQLite connection: :class:`Store`.
+"""The broker's state in one SQLite connection: :class:`BrokerState`.
 
 Each concept adds its operations in its own module (queues, routing,
-messages, claims, browse); the Store is all of them on one connection, one
+messages, claims, browse); the BrokerState is all of them on one connection, one
 per kombu channel.
 """
 
@@ -12,7 +12,7 @@ from .claims import ClaimStore
 from .messages import MessageStore
 
 
-class Store(MessageStore, ClaimStore, BrowseStore):
+class BrokerState(MessageStore, ClaimStore, BrowseStore):
     """Broker operations on one SQLite connection (one per kombu channel).
 
     Every public method holds a lock, because kombu lets other threads ack

@@ -1,7 +1,7 @@
 """The channel's declarations: exchanges, queues and bindings, in the file.
 
 kombu's virtual Channel keeps these in process memory; here each call goes
-to the :class:`~mdbcontainer.embedded.store.Store`, so a queue declared or
+to the :class:`~mdbcontainer.embedded.store.BrokerState`, so a queue declared or
 bound by one process is there for every other.
 """
 
@@ -16,7 +16,7 @@ from amqp.protocol import queue_declare_ok_t
 from kombu.transport import virtual
 
 from .errors import EXCHANGE_DECLARE, QUEUE_DECLARE, not_found
-from .store import Store
+from .store import BrokerState
 
 
 class TopologyChannel(virtual.Channel):
@@ -26,14 +26,14 @@ class TopologyChannel(virtual.Channel):
     because the declarations use them.
     """
 
-    _store: Store | None
+    _store: BrokerState | None
     #: This channel's claim token: the owner of its exclusive queues.
     _token: str
     #: Exclusive queues this channel declared, dropped when it closes.
     _exclusive: set[str]
 
     @property
-    def store(self) -> Store:
+    def store(self) -> BrokerState:
         if self._store is None:
             raise ChannelError("embedded broker: channel is closed")
         return self._store

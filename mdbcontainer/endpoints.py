@@ -7,7 +7,7 @@ The two probes answer different questions, as Kubernetes uses them:
 
 - ``/healthz`` (liveness): would restarting the process help? Only when a
   thread that should be running has died or is wedged: a consumer's drain
-  loop refreshes ``Consumer.alive_at`` every half second, so a consumer that
+  loop refreshes ``PortConsumer.alive_at`` every half second, so a consumer that
   is consuming, is not inside a delivery and has not looped for
   ``WEDGED_AFTER`` seconds is stuck. A broker or database outage is *not* a
   liveness failure: a restart cannot bring the broker back, and restarting
@@ -29,25 +29,35 @@ import logging
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .errors import MdbError
+from .port import ListenerPort
+from .resources import SharedResources
+from .settings import Settings
 
-if TYPE_CHECKING:
-    from .container import Container
-    from .port import ListenerPort
-
-log = logging.getLogger("mdbcontainer.http")
+log = logging.getLogger("mdbcontainer.endpoints")
 
 WEDGED_AFTER = 60.0
+
+
+class Observed(Protocol):
+    """What the probes read of a container (met by ``container.Container``)."""
+
+    settings: Settings
+    resources: SharedResources
+    ports: dict[str, ListenerPort]
+
+    @property
+    def threads(self) -> list[threading.Thread]: ...
 # The reason ``mdb port stop`` writes; such a port is stopped as configured.
 STOPPED_BY_OPERATOR = "stopped by mdb port stop"
 JSON = "application/json"
 
 
-def liveness(container: Container, wedged_after: float = WEDGED_AFTER) -> list[str]:
+def liveness(container: Observed, wedged_after: float = WEDGED_AFTER) -> list[str]:
     """Why the process should be restarted; empty while it is alive and not wedged."""
     if container.resources.shutting_down:
         return []
@@ -66,7 +76,7 @@ def liveness(container: Container, wedged_after: float = WEDGED_AFTER) -> list[s
     return reasons
 
 
-def readiness(container: Container) -> list[str]:
+def readiness(container: Observed) -> list[str]:
     """Why the container is not doing its job; empty while connected with its ports started."""
     resources = container.resources
     if resources.shutting_down:
@@ -86,14 +96,14 @@ def should_run(port: ListenerPort) -> bool:
     return port.settings.autostart or bool(port.consumers) or port.stopping or bool(port.reason)
 
 
-def port_states(container: Container) -> dict[str, str]:
+def port_states(container: Observed) -> dict[str, str]:
     return {name: port.state for name, port in container.ports.items()}
 
 
 class OperationsServer:
     """Serves the container's metrics and probes until :meth:`stop`."""
 
-    def __init__(self, container: Container, host: str, port: int) -> None:
+    def __init__(self, container: Observed, host: str, port: int) -> None:
         self.container = container
         self.host = host
         self.port = port
@@ -123,7 +133,7 @@ class OperationsServer:
             server.server_close()
 
 
-def _handler_for(container: Container) -> type[BaseHTTPRequestHandler]:
+def _handler_for(container: Observed) -> type[BaseHTTPRequestHandler]:
     class Handler(_OperationsHandler):
         pass
 
@@ -134,7 +144,7 @@ def _handler_for(container: Container) -> type[BaseHTTPRequestHandler]:
 class _OperationsHandler(BaseHTTPRequestHandler):
     """GET /metrics, /healthz, /readyz; anything else is 404."""
 
-    container: Container
+    container: Observed
     server_version = "mdbcontainer"
 
     def do_GET(self) -> None:

@@ -1,0 +1,115 @@
+"""The layering of docs/architecture.md holds in the code: the table there is read and checked.
+
+Every import counts (module level, inside functions, under TYPE_CHECKING): a
+type-only import of a higher layer is still a circle a reader has to untangle.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "mdbcontainer"
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    name = _module(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            targets = [f"{target}.{a.name}" for a in node.names] + [target]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        for target in targets:
+            if target in modules:
+                found.add(target)
+                break
+    found.discard(name)
+    # A subpackage's modules reach each other through their package: not an edge upward.
+    return {m for m in found if not name.startswith(m + ".")}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {_module(f) for f in files}
+    return {_module(f): _imports(f, modules) for f in files}
+
+
+def _layers() -> dict[str, int]:
+    """module -> layer number, from the table in docs/architecture.md."""
+    layers: dict[str, int] = {}
+    for line in DOC.read_text().splitlines():
+        match = re.match(r"\|\s*(\d+) [^|]*\|([^|]*)\|", line)
+        if match:
+            for name in re.findall(r"`([a-z_]+)/?`", match.group(2)):
+                layers[f"mdbcontainer.{name}"] = int(match.group(1))
+    return layers
+
+
+def _layer_of(module: str, layers: dict[str, int]) -> int | None:
+    while module:
+        if module in layers:
+            return layers[module]
+        module = module.rpartition(".")[0]
+    return None
+
+
+def test_every_module_has_a_layer_in_the_architecture_doc() -> None:
+    layers = _layers()
+    missing = [m for m in _graph() if m != "mdbcontainer" and _layer_of(m, layers) is None]
+    assert not missing, f"add these modules to the table of docs/architecture.md: {missing}"
+
+
+def test_imports_point_down_the_layers() -> None:
+    layers = _layers()
+    upward = []
+    for module, targets in _graph().items():
+        if module == "mdbcontainer":
+            continue  # the public API re-exports from every layer
+        mine = _layer_of(module, layers)
+        for target in targets:
+            theirs = _layer_of(target, layers)
+            if mine is not None and theirs is not None and theirs > mine:
+                upward.append(f"{module} (layer {mine}) imports {target} (layer {theirs})")
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_circle() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (circle := visit(node)):
+            raise AssertionError("import circle: " + " -> ".join(circle))
+
+
+def test_only_the_seam_and_the_acknowledgment_modes_settle_a_message() -> None:
+    settling = re.compile(r"\.(ack|reject|requeue)\(")
+    modules = sorted(_module(f) for f in PACKAGE.rglob("*.py")
+                     if "embedded" not in f.parts and settling.search(f.read_text()))
+    assert modules == ["mdbcontainer.acknowledge", "mdbcontainer.delivery"]
