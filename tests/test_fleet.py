@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from mdbcontainer.broker import Broker, publisher
+from mdbcontainer.broker import Broker, Publisher
 from mdbcontainer.outbox import RELAY_LOCK, Outbox
 from mdbcontainer.outgoing import Outgoing
 from mdbcontainer.store import Store
@@ -33,7 +33,7 @@ def test_one_outbox_relay_at_a_time_across_the_fleet(rabbit: Backend) -> None:
         ])
     probe = rabbit.probe(path)
     try:
-        with publisher(Broker(settings)) as pub, store.engine.connect() as other:
+        with Publisher(Broker(settings)) as pub, store.engine.connect() as other:
             other.exec_driver_sql(f"SELECT pg_advisory_lock({RELAY_LOCK})")  # another relay runs
             assert outbox.relay(pub, grace=timedelta(0)) == 0
             assert outbox.backlog() == 3 and probe.count(queue) == 0
