@@ -80,6 +80,8 @@ def node_down(exc: BaseException) -> bool:
 
     if not isinstance(exc, amqp.exceptions.AMQPError):
         return False
+    if isinstance(exc, amqp.exceptions.PreconditionFailed | amqp.exceptions.AccessRefused):
+        return False  # a request the broker refuses (its text may name an x-...-timeout argument)
     text = str(exc).lower()
     return any(marker in text for marker in _NODE_DOWN)
 
@@ -147,12 +149,12 @@ class Broker:
             connect_timeout=timeout,
             transport_options=options,
             heartbeat=beat,
-            ssl=self._ssl(),
+            ssl=self._ssl(url),
         )
 
-    def _ssl(self) -> Any:
+    def _ssl(self, url: str) -> Any:
         c = self.settings.container
-        if not self.url.startswith("amqps://"):
+        if not url.startswith("amqps://"):
             return None
         if not (c.ssl_ca or c.ssl_cert):
             return True

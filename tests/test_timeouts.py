@@ -140,3 +140,18 @@ def test_check_warns_when_a_quorum_queue_backs_out_to_a_classic_queue(tmp_path: 
     result = mdb("check", "-c", str(path))
     assert result.returncode == 0, result.stderr
     assert "classic queue" not in result.stderr
+
+
+def test_a_queue_on_a_node_that_is_down_is_an_outage_not_a_refusal() -> None:
+    """RabbitMQ's words are all there is to tell a node that is down from a wrong request."""
+    from amqp.exceptions import NotFound, PreconditionFailed
+
+    from mdbcontainer.broker import node_down
+
+    down = NotFound("NOT_FOUND - home node 'rabbit@mq2' of durable queue 'Q' in vhost '/' is down "
+                    "or inaccessible", (50, 10), "Queue.declare")
+    missing = NotFound("NOT_FOUND - no queue 'Q' in vhost '/'", (50, 10), "Queue.declare")
+    refused = PreconditionFailed("PRECONDITION_FAILED - inequivalent arg 'x-consumer-timeout'",
+                                 (50, 10), "Queue.declare")
+    assert node_down(down)
+    assert not node_down(missing) and not node_down(refused)
