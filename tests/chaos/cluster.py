@@ -115,8 +115,13 @@ class Cluster:
             self._as_user(node, ["rabbitmq-server", "-detached"])
         with ThreadPoolExecutor(self.size) as pool:
             list(pool.map(lambda n: self._await(n, timeout), self.nodes))
-        for node in self.nodes[1:]:  # one at a time: joins at once race in mnesia
-            self._join(node, self.nodes[0])
+        others = self.nodes[1:]
+        with ThreadPoolExecutor(self.size) as pool:
+            list(pool.map(lambda n: self.ctl(n, "stop_app"), others))
+        for node in others:  # one at a time: joins at once race in mnesia
+            self.ctl(node, "join_cluster", self.nodes[0].name)
+        with ThreadPoolExecutor(self.size) as pool:
+            list(pool.map(lambda n: self.ctl(n, "start_app"), others))
         return self
 
     def _await(self, node: Node, timeout: float) -> None:
@@ -127,11 +132,6 @@ class Cluster:
             log = next((node.folder / "log").glob("*@localhost.log"), None)
             tail = log.read_text(errors="replace")[-1500:] if log else "(no log)"
             raise RuntimeError(f"{node.name} did not start: {exc}\n{tail}") from None
-
-    def _join(self, node: Node, first: Node) -> None:
-        self.ctl(node, "stop_app")
-        self.ctl(node, "join_cluster", first.name)
-        self.ctl(node, "start_app")
 
     def _as_user(self, node: Node, command: list[str], timeout: float = 120.0) -> str:
         done = subprocess.run(["runuser", "-u", USER, "--", "env", *(f"{k}={v}" for k, v in
