@@ -41,6 +41,7 @@ ConfigOption = Annotated[
     typer.Option("-c", "--config", help="Settings file (default: $MDB_SETTINGS, else ./settings.toml)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+PortName = Annotated[str, typer.Argument(metavar="NAME", help="A port of the settings, e.g. Work.")]
 
 T = TypeVar("T")
 
@@ -169,7 +170,9 @@ def send(
         list[str] | None, typer.Option("-H", "--header", help="key=value (repeatable).")
     ] = None,
     reply_to: Annotated[str | None, typer.Option("--reply-to", help="Queue for the reply.")] = None,
-    correlation_id: Annotated[str | None, typer.Option("--correlation-id")] = None,
+    correlation_id: Annotated[
+        str | None, typer.Option("--correlation-id", help="Correlation id (to answer a request).")
+    ] = None,
     count: Annotated[int, typer.Option(help="Send N copies (ids -1..-N after --id).", min=1)] = 1,
 ) -> None:
     """Send a message (confirmed by the broker); print its id."""
@@ -222,7 +225,7 @@ def ports(
 
 
 @port_app.command("start")
-def port_start(name: str, config: ConfigOption = None, as_json: JsonOption = False) -> None:
+def port_start(name: PortName, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Start port NAME in every running container (and for containers started later)."""
     from .operate import switch_port
 
@@ -231,7 +234,7 @@ def port_start(name: str, config: ConfigOption = None, as_json: JsonOption = Fal
 
 
 @port_app.command("stop")
-def port_stop(name: str, config: ConfigOption = None, as_json: JsonOption = False) -> None:
+def port_stop(name: PortName, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Stop port NAME in every running container (and for containers started later)."""
     from .operate import switch_port
 

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
+import kombu
 import pytest
 
-from mdbcontainer.testing import write_settings
-from tests.conftest import ROOT
-
-
-def mdb(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args], capture_output=True, text=True,
-        cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=60,
-    )
-
-
-def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[0]
+from mdbcontainer.testing import mdb, write_settings
+from tests.conftest import CHILD_ENV, RABBITMQ_URL, Backend, one_line_error
 
 
 @pytest.fixture
@@ -40,7 +25,7 @@ def good(tmp_path: Path) -> Path:
 
 
 def test_check_accepts_good_settings(good: Path) -> None:
-    result = mdb("check", "-c", str(good))
+    result = mdb("check", settings=good, env=CHILD_ENV)
     assert result.returncode == 0, result.stderr
     assert "ok: 1 port(s) (Work)" in result.stdout
 
@@ -51,11 +36,11 @@ def test_check_warns_about_risky_poison_settings(tmp_path: Path) -> None:
         "queues": {"WORK": {"backout_threshold": 0}},
         "ports": {"Work": {"destination": "WORK"}},
     })
-    result = mdb("check", "-c", str(path))
+    result = mdb("check", settings=path, env=CHILD_ENV)
     assert result.returncode == 0
     assert "backout_threshold = 0 never backs a message out" in result.stderr
     path.write_text(path.read_text().replace("backout_threshold = 0", "backout_threshold = 5"))
-    result = mdb("check", "-c", str(path))
+    result = mdb("check", settings=path, env=CHILD_ENV)
     assert "max_retries = 0 < backout_threshold = 5: the port stops before" in result.stderr
 
 
@@ -77,7 +62,7 @@ def test_bad_settings_exit_2_with_one_line(tmp_path: Path, text: str, expected: 
     path = tmp_path / "settings.toml"
     path.write_text(text)
     for command in (["check"], ["run"]):
-        result = mdb(*command, "-c", str(path))
+        result = mdb(*command, settings=path, env=CHILD_ENV)
         assert result.returncode == 2, (command, result.stderr)
         line = one_line_error(result)
         assert expected in line
@@ -87,29 +72,29 @@ def test_bad_settings_exit_2_with_one_line(tmp_path: Path, text: str, expected: 
 def test_listener_that_fails_inside_its_import_is_told_apart(tmp_path: Path) -> None:
     (tmp_path / "broken_listener.py").write_text("import no_such_dependency\n")
     path = write_settings(tmp_path / "settings.toml", {"container": {"listeners": ["broken_listener"]}})
-    line = one_line_error(mdb("check", "-c", str(path), cwd=tmp_path))
+    line = one_line_error(mdb("check", settings=path, env=CHILD_ENV))
     assert "listener module 'broken_listener' failed to import" in line
     assert "no_such_dependency" in line
 
 
 def test_send_rejects_a_body_that_is_not_json(good: Path) -> None:
-    result = mdb("send", "WORK", "{not json", "-c", str(good))
+    result = mdb("send", "WORK", "{not json", settings=good, env=CHILD_ENV)
     assert result.returncode == 2
     assert "BODY is not JSON" in one_line_error(result)
 
 
 def test_send_rejects_bad_options(good: Path) -> None:
-    assert mdb("send", "WORK", "{}", "--priority", "12", "-c", str(good)).returncode == 2
-    result = mdb("send", "WORK", "{}", "--ttl", "soon", "-c", str(good))
+    assert mdb("send", "WORK", "{}", "--priority", "12", settings=good, env=CHILD_ENV).returncode == 2
+    result = mdb("send", "WORK", "{}", "--ttl", "soon", settings=good, env=CHILD_ENV)
     assert result.returncode == 2 and "--ttl" in one_line_error(result)
-    result = mdb("send", "WORK", "{}", "-H", "novalue", "-c", str(good))
+    result = mdb("send", "WORK", "{}", "-H", "novalue", settings=good, env=CHILD_ENV)
     assert result.returncode == 2 and "key=value" in one_line_error(result)
 
 
 def test_send_reads_body_from_file_and_prints_ids(good: Path, tmp_path: Path) -> None:
     (tmp_path / "body.json").write_text('{"n": 1}')
     result = mdb("send", "WORK", "@" + str(tmp_path / "body.json"), "--id", "m", "--count", "3",
-                 "-c", str(good))
+                 settings=good, env=CHILD_ENV)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["m-1", "m-2", "m-3"]
 
@@ -119,19 +104,55 @@ def test_unreachable_broker_is_exit_1_without_the_password(tmp_path: Path) -> No
         "broker_url": "amqp://guest:topsecret@127.0.0.1:1//", "connect_timeout": "1s",
         "listeners": [],
     }})
-    result = mdb("send", "Q", "{}", "-c", str(path))
+    result = mdb("send", "Q", "{}", settings=path, env=CHILD_ENV)
     assert result.returncode == 1
     line = one_line_error(result)
     assert "not reachable within 1s" in line
     assert "topsecret" not in result.stderr + result.stdout
 
 
+def commands() -> list[tuple[list[str], Any]]:
+    """Every command of ``mdb`` (``dlq replay`` is ``["dlq", "replay"]``) with its click command."""
+    import typer.main
+
+    from mdbcontainer.cli import app
+
+    found, groups = [], [([], typer.main.get_command(app))]
+    while groups:
+        path, group = groups.pop()
+        for name, command in getattr(group, "commands", {}).items():
+            if hasattr(command, "commands"):
+                groups.append(([*path, name], command))
+            else:
+                found.append(([*path, name], command))
+    return found
+
+
 def test_help_explains_each_option() -> None:
-    result = mdb("send", "--help")
-    assert result.returncode == 0
-    for option in ("--priority", "--ttl", "--non-persistent", "--id", "--header", "--reply-to",
-                   "--correlation-id", "--count"):
-        assert option in result.stdout
+    """``mdb COMMAND --help`` says what the command does and what each option and argument means.
+
+    typer lists an option's name even when nobody wrote its help, so the row of each one must
+    carry its own explanation.
+    """
+    from typer.testing import CliRunner
+
+    from mdbcontainer.cli import app
+
+    found = commands()
+    assert {" ".join(path) for path, _ in found} >= {"run", "check", "send", "ports", "request",
+                                                     "dlq replay", "port stop", "dedup purge"}
+    for path, command in found:
+        shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "250"})
+        assert shown.exit_code == 0, shown.output
+        assert command.help and command.help.splitlines()[0] in shown.output, path
+        rows = shown.output.splitlines()
+        for param in command.params:
+            if getattr(param, "hidden", False):
+                continue
+            names = [*param.opts, param.metavar or ""]
+            assert param.help, f"mdb {' '.join(path)} {names[-2]}: no help text"
+            row = next((r for r in rows if param.help.split(". ")[0] in r), "")
+            assert any(name and f" {name} " in row for name in names), (path, names, shown.output)
 
 
 def test_public_api_is_pinned() -> None:
@@ -150,6 +171,62 @@ def test_check_refuses_a_mode_the_embedded_broker_cannot_provide(tmp_path: Path)
                       "database_url": f"sqlite:///{tmp_path / 'd.db'}"},
         "ports": {"Work": {"destination": "W", "transaction": "none", "acknowledge": "transacted"}},
     })
-    result = mdb("check", "-c", str(path))
+    result = mdb("check", settings=path, env=CHILD_ENV)
     assert result.returncode == 2
     assert "ports.Work.acknowledge: 'transacted' needs AMQP channel transactions" in one_line_error(result)
+
+
+@pytest.mark.rabbitmq
+def test_a_refused_login_is_one_line_exit_1_without_the_password(rabbit: Backend) -> None:
+    """Contract 5: a broker that cannot be reached is exit 1 and one line; a wrong password too."""
+    bad = RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw")
+    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}}, broker_url=bad,
+                            connect_timeout="2s")
+    for args in (("send", rabbit.q("Q"), "{}"), ("dlq", "list")):
+        result = mdb(*args, settings=settings, env=rabbit.env)
+        line = one_line_error(result)
+        assert result.returncode == 1, result.stderr
+        assert "s3cret-pw" not in result.stderr + result.stdout
+        assert "ACCESS_REFUSED" in line and "guest:***@" in line
+
+
+@pytest.mark.rabbitmq
+def test_a_queue_declare_the_broker_refuses_is_one_line_exit_1(rabbit: Backend) -> None:
+    """A queue that exists with other arguments (PRECONDITION_FAILED) is a reported failure."""
+    queue = rabbit.q("PRIO")
+    with kombu.Connection(RABBITMQ_URL) as conn:
+        conn.channel().queue_declare(queue=queue, durable=True, auto_delete=False,
+                                     arguments={"x-max-priority": 5})
+    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}})
+    result = mdb("send", queue, "{}", settings=settings, env=rabbit.env)
+    line = one_line_error(result)
+    assert result.returncode == 1
+    assert queue in line and "PRECONDITION_FAILED" in line
+
+
+def test_an_unknown_port_name_is_bad_usage_exit_2(tmp_path: Path) -> None:
+    """Contract 5: exit 2 for a bad argument, as ``mdb run --port NAME`` already does."""
+    settings = write_settings(tmp_path / "settings.toml", {
+        "container": {
+            "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+            "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "listeners": ["tests.apps.work"],
+        },
+        "ports": {"Work": {"destination": "WORK"}},
+    })
+    for verb in ("start", "stop"):
+        result = mdb("port", verb, "Wrok", settings=settings, env=CHILD_ENV)
+        line = one_line_error(result)
+        assert result.returncode == 2, result.stderr
+        assert "'Wrok'" in line and "Work" in line
+
+
+def test_a_ttl_that_is_not_positive_is_bad_usage_exit_2(tmp_path: Path) -> None:
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+    }})
+    result = mdb("send", "Q", "{}", "--ttl", "0s", settings=settings, env=CHILD_ENV)
+    line = one_line_error(result)
+    assert result.returncode == 2
+    assert "--ttl" in line

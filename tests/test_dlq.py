@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -21,22 +18,12 @@ import pytest
 from sqlalchemy import delete
 
 from mdbcontainer.broker import Broker, Publisher
-from mdbcontainer.testing import wait_for, write_settings
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import mdb, wait_for, write_settings
+from tests.conftest import Backend, one_line_error
 
 pytestmark = pytest.mark.slow
 
 BINARY = b"\xff\xfe\x00binary"
-
-
-def mdb(*args: str, settings: Path, env: dict[str, str] | None = None,
-        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would, from a second process."""
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-        capture_output=True, text=True, env={**os.environ, **(env or {}), **(extra_env or {})},
-        cwd=ROOT, timeout=60,
-    )
 
 
 def listed(backend: Backend, settings: Path, *queue: str) -> list[dict[str, Any]]:
@@ -45,13 +32,6 @@ def listed(backend: Backend, settings: Path, *queue: str) -> list[dict[str, Any]
     data = json.loads(result.stdout)
     assert isinstance(data, list)
     return data
-
-
-def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
-    assert result.returncode == code, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def publish_raw(backend: Backend, settings: Path, queue: str, message_id: str, body: bytes,
@@ -115,7 +95,7 @@ def test_list_and_show_browse_without_consuming(backend: Backend) -> None:
     assert binary["body_encoding"] == "base64"
     assert base64.b64decode(binary["body"]) == BINARY
 
-    table = mdb("dlq", "list", settings=settings, env=backend.env, extra_env={"COLUMNS": "250"})
+    table = mdb("dlq", "list", settings=settings, env={**backend.env, "COLUMNS": "250"})
     assert table.returncode == 0, table.stderr
     for expected in ("failing", "rolled-back", "text-body", "binary-body",
                      "RuntimeError: poison message 1", "invalid-body"):
@@ -196,8 +176,8 @@ def test_replay_killed_between_confirm_and_ack_duplicates_and_loses_nothing(
         for n in range(3):
             producer.send(dlq, {"n": n}, message_id=f"dead-{n}")
 
-    crashed = mdb("dlq", "replay", "--all", "--to", parked, settings=settings, env=backend.env,
-                  extra_env={"MDB_CRASH_AT": "mid-replay:2"})  # SIGKILL after the 2nd confirm
+    crashed = mdb("dlq", "replay", "--all", "--to", parked, settings=settings,
+                  env={**backend.env, "MDB_CRASH_AT": "mid-replay:2"})  # SIGKILL after the 2nd confirm
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     probe = backend.probe(settings)
     wait_for(lambda: probe.count(dlq) == 2, what="the unacknowledged original back on the DLQ")
@@ -250,3 +230,51 @@ def test_unreachable_broker_fails_in_one_line_without_the_password(
     line = one_line_error(result, 1)
     assert "127.0.0.1:1" in line and "not reachable" in line
     assert "s3cret" not in result.stderr + result.stdout
+
+
+def test_a_message_the_handler_moved_is_handled_again_when_replayed(backend: Backend) -> None:
+    """Contract 2 and 5: ``ctx.move_to`` counts as handled, so the dedup row of the message
+    commits with the move; ``mdb dlq replay`` must still bring the message back to its
+    handler, not have it acknowledged as a duplicate of the delivery that moved it."""
+    queue, dlq = backend.q("Q"), backend.q("DLQ")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    with backend.container(settings):
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "move", "to": dlq}, message_id="parked")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="the move")
+        result = mdb("dlq", "replay", "parked", settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: len([a for a in backend.attempts() if a[1] == "parked"]) == 2,
+                 what="the replayed copy to reach the handler")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="moved again")
+
+
+def test_a_replay_killed_mid_way_and_run_again_still_applies_a_backed_out_message_once(
+    backend: Backend,
+) -> None:
+    """The replay's crash window (confirmed copy, original not yet acknowledged) duplicates the
+    copy; the dedup row of the first copy must absorb the second (README, dlq.py)."""
+    queue, dlq = backend.q("Q"), backend.q("DLQ")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 1}})
+    keys = backend.metadata.tables[f"{backend.schema}.unique_keys" if backend.schema
+                                   else "unique_keys"]
+    with backend.engine.begin() as conn:  # the data fault that makes the message fail at commit
+        conn.execute(keys.insert().values(key="always-the-same"))
+    with backend.container(settings):
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "constraint"}, message_id="m")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="the backout")
+        with backend.engine.begin() as conn:
+            conn.execute(keys.delete())
+        crashed = mdb("dlq", "replay", "m", settings=settings,
+                      env={**backend.env, "MDB_CRASH_AT": "mid-replay"})
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+        wait_for(lambda: backend.effects() == {"m": 1}, what="the first copy handled")
+        result = mdb("dlq", "replay", "m", settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: backend.probe(settings).count(queue) == 0 and
+                 len([a for a in backend.attempts() if a[1] == "m"]) >= 2,
+                 what="the second copy consumed")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 0, what="the DLQ empty")
+    assert backend.effects() == {"m": 1}

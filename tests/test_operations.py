@@ -7,7 +7,6 @@ reason, a log stack parses JSON lines, a person runs the CLI.
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import logging
@@ -19,9 +18,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mdbcontainer.logs import JsonFormatter, MaskingFilter, TextFormatter
 from mdbcontainer.producer import Outgoing, outgoing
-from mdbcontainer.testing import wait_for
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import mdb, wait_for
+from tests.chaos.faults import disruptive_lock
+from tests.conftest import ROOT, Backend, rabbitmqctl
 
 pytestmark = pytest.mark.slow
 
@@ -69,13 +66,6 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def deliveries(samples: dict[Any, float], port: str) -> dict[str, float]:
     return {o: samples.get(("mdb_deliveries_total", (("outcome", o), ("port", port))), -1.0)
             for o in OUTCOMES}
-
-
-def mdb(*args: str, settings: Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-        capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT, timeout=timeout,
-    )
 
 
 def stale_message(queue: str, message_id: str) -> Outgoing:
@@ -227,21 +217,6 @@ def test_readyz_fails_while_rabbitmq_is_stopped_and_recovers(rabbit: Backend) ->
     assert output.count("broker unavailable") == 1, "the outage is logged once"
     assert "broker connection restored after" in output
     assert "guest:guest" not in output
-
-
-@contextmanager
-def disruptive_lock() -> Iterator[None]:
-    """The machine-wide lock every run that stops a service holds (tests/chaos takes it too)."""
-    with open("/tmp/mdb-disruptive.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def rabbitmqctl(command: str) -> None:
-    subprocess.run(["rabbitmqctl", command], check=True, capture_output=True, timeout=120)
 
 
 def amqp_accepts() -> bool:

@@ -16,6 +16,8 @@ from mdbcontainer.settings import (
     parse_duration,
     settings_from_dict,
 )
+from mdbcontainer.testing import mdb, write_settings
+from tests.conftest import CHILD_ENV, one_line_error
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -169,3 +171,61 @@ def test_a_broker_url_no_behaviour_test_runs_on_is_refused(tmp_path: Path, url: 
     path = write(tmp_path, f'[container]\nbroker_url = "{url}"\n')
     with pytest.raises(SettingsError, match=r"container.broker_url: .*is not a broker this package runs on"):
         load_settings(path, environ={})
+
+
+# -- as ``mdb`` reports them ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("queues", [{}, {"DLQ": {"backout_queue": "DLQ"}}])
+def test_a_port_whose_queue_is_its_own_backout_queue_is_a_settings_error(
+    tmp_path: Path, queues: dict[str, object],
+) -> None:
+    """A port that reads the backout queue (a DLQ processor) would back a failing message out
+    onto the queue it reads, where it fails again, for ever: contract 3 makes such
+    contradictory combinations settings errors (exit 2, one line)."""
+    settings = write_settings(tmp_path / "settings.toml", {
+        "container": {
+            "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+            "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "listeners": ["tests.apps.work"], "dead_letter_queue": "DLQ",
+        },
+        "queues": queues,
+        "ports": {"Work": {"destination": "DLQ"}},
+    })
+    for verb in ("check", "run"):
+        result = mdb(verb, settings=settings, env=CHILD_ENV)
+        line = one_line_error(result)
+        assert result.returncode == 2, result.stderr
+        assert "ports.Work" in line and "backout" in line
+    ok = settings.read_text() + '\n[queues.DLQ]\nbackout_threshold = 0\n' if not queues else None
+    if ok:
+        settings.write_text(ok)
+        assert mdb("check", settings=settings, env=CHILD_ENV).returncode == 0, "threshold 0: nothing backed out"
+
+
+def test_a_control_interval_of_zero_is_a_settings_error(tmp_path: Path) -> None:
+    """A zero interval made the control loop poll the database without pause (a busy loop)."""
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "listeners": ["tests.apps.work"], "control_interval": "0s",
+    }, "ports": {"Work": {"destination": "WORK"}}})
+    result = mdb("check", settings=settings, env=CHILD_ENV)
+    line = one_line_error(result)
+    assert result.returncode == 2
+    assert "container.control_interval" in line
+
+
+def test_a_broker_url_of_no_supported_kind_is_a_settings_error(tmp_path: Path) -> None:
+    """mdb check said ok and mdb send ended in a KeyError traceback ('No such transport')."""
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": "rabbit://guest:s3cret-pw@127.0.0.1//",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "listeners": ["tests.apps.work"],
+    }, "ports": {"Work": {"destination": "WORK"}}})
+    for args in (("check",), ("send", "Q", "{}")):
+        result = mdb(*args, settings=settings, env=CHILD_ENV)
+        line = one_line_error(result)
+        assert result.returncode == 2
+        assert "container.broker_url" in line and "amqp://" in line
+        assert "s3cret-pw" not in result.stderr
