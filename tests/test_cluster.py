@@ -21,7 +21,7 @@ import kombu
 import pytest
 
 from mdbcontainer.producer import Producer
-from mdbcontainer.testing import wait_for
+from mdbcontainer.testing import headers_of, wait_for
 from tests.chaos.cluster import Cluster, available
 from tests.conftest import Backend
 
@@ -115,5 +115,5 @@ def test_the_container_fails_over_when_the_queue_leader_is_killed(
     assert rabbit.effects("Downstream") == dict.fromkeys(events, 1)
     [moved] = probe.take_all(dlq)
     assert moved.properties["message_id"] == "poison"
-    assert moved.headers["x-mdb-redelivery-count"] == 2
+    assert headers_of(moved)["x-mdb-redelivery-count"] == 2
     assert "consumer error" not in output and "maximum retries" not in output, output[-3000:]

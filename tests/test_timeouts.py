@@ -18,9 +18,8 @@ import pytest
 from mdbcontainer.broker import Broker, Publisher
 from mdbcontainer.errors import SettingsError
 from mdbcontainer.settings import mask_url, settings_from_dict
-from mdbcontainer.testing import wait_for, write_settings
-from tests.conftest import RABBITMQ_URL, Backend
-from tests.test_cli import mdb
+from mdbcontainer.testing import headers_of, mdb, wait_for, write_settings
+from tests.conftest import CHILD_ENV, RABBITMQ_URL, Backend
 
 
 def test_heartbeat_is_whole_seconds_rounded_up_and_zero_turns_it_off() -> None:
@@ -104,8 +103,8 @@ def test_a_transaction_left_idle_past_database_timeout_is_a_failed_delivery(rabb
         probe = rabbit.probe(settings)
         wait_for(lambda: probe.count(rabbit.q("DLQ")) == 1, 30, what="the backout")
     [moved] = probe.take_all(rabbit.q("DLQ"))
-    assert moved.headers["x-mdb-redelivery-count"] == 2
-    assert "idle-in-transaction" in moved.headers["x-mdb-exception"]
+    assert headers_of(moved)["x-mdb-redelivery-count"] == 2
+    assert "idle-in-transaction" in headers_of(moved)["x-mdb-exception"]
     assert [a[1] for a in rabbit.attempts()] == ["idle-1", "idle-1"]
     assert rabbit.effects() == {}
 
@@ -133,11 +132,11 @@ def test_check_warns_when_a_quorum_queue_backs_out_to_a_classic_queue(tmp_path: 
         "queues": {"WORK": {"quorum": True}},
         "ports": {"Work": {"destination": "WORK", "max_retries": 5}},
     })
-    result = mdb("check", "-c", str(path))
+    result = mdb("check", settings=path, env=CHILD_ENV)
     assert result.returncode == 0, result.stderr
     assert "quorum queue 'WORK' backs out to 'DLQ', a classic queue" in result.stderr
     path.write_text(path.read_text() + '\n[queues.DLQ]\nquorum = true\n')
-    result = mdb("check", "-c", str(path))
+    result = mdb("check", settings=path, env=CHILD_ENV)
     assert result.returncode == 0, result.stderr
     assert "classic queue" not in result.stderr
 
