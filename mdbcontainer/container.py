@@ -316,7 +316,7 @@ class Container:
         return rows
 
     def _housekeeping_loop(self) -> None:
-        publisher = Publisher(self.broker)
+        publisher = Publisher(self.broker, heartbeat=True)
         last_purge = time.monotonic() - PURGE_EVERY + 60.0
         try:
             while not self._stop.wait(RELAY_EVERY):

@@ -7,6 +7,7 @@ The tree::
     ├── ListenerError             a listener module or a handler cannot be bound (exit 2)
     ├── BrokerError               the broker refused or could not be reached
     │   ├── BrokerUnavailable     no connection within ``connect_timeout``
+    │   │   └── QueueUnavailable  a queue's node is down: an outage, waited out
     │   ├── SubscriptionInUse     a durable subscription already has its one active subscriber
     │   └── PublishError          the broker did not confirm a publish
     │       └── Unroutable        a mandatory publish reached no queue
@@ -50,6 +51,14 @@ class BrokerError(MdbError):
 
 class BrokerUnavailable(BrokerError):
     """No connection to the broker could be made within the connect timeout."""
+
+
+class QueueUnavailable(BrokerUnavailable):
+    """A queue cannot be declared or reached because the cluster node that holds it is down.
+
+    An outage like a lost connection: waited out with backoff, never a failed
+    delivery or a port stop (a classic queue lives on one node).
+    """
 
 
 class SubscriptionInUse(BrokerError):

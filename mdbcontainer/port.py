@@ -223,7 +223,7 @@ class PortConsumer:
     @property
     def publisher(self) -> Publisher:
         if self._publisher is None:
-            self._publisher = Publisher(self.port.resources.broker)
+            self._publisher = Publisher(self.port.resources.broker, heartbeat=True)
         return self._publisher
 
     def publish(self, message: Outgoing) -> None:

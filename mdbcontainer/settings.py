@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 import tomllib
@@ -89,6 +90,8 @@ class ContainerSettings(_Strict):
     dedup_retention: Duration = timedelta(days=7)
     shutdown_timeout: Duration = timedelta(seconds=30)
     connect_timeout: Duration = timedelta(seconds=10)
+    heartbeat: Duration = timedelta(seconds=30)
+    database_timeout: Duration = timedelta(seconds=30)
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"  # all interfaces: a Kubernetes probe comes from outside the pod
     log_format: Literal["text", "json"] = "text"
@@ -103,11 +106,35 @@ class ContainerSettings(_Strict):
     @field_validator("broker_url")
     @classmethod
     def _known_broker(cls, value: str) -> str:
-        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
-        if scheme not in BROKER_SCHEMES:
+        urls = broker_urls(value)
+        for url in urls:
+            scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+            if scheme not in BROKER_SCHEMES:
+                raise ValueError(
+                    f"{scheme + '://' if scheme else 'a URL without a scheme'} is not a broker this "
+                    "package runs on: use amqp:// or amqps:// (RabbitMQ), or embedded://PATH"
+                )
+            if len(urls) > 1 and scheme not in {"amqp", "amqps", "pyamqp"}:
+                raise ValueError(
+                    "several URLs separated by ';' name the nodes of one RabbitMQ cluster: "
+                    f"{scheme}:// cannot be one of them"
+                )
+        return value
+
+    @field_validator("heartbeat")
+    @classmethod
+    def _whole_seconds(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must not be negative ('0s' turns heartbeats off)")
+        return timedelta(seconds=math.ceil(value.total_seconds()))
+
+    @field_validator("database_timeout")
+    @classmethod
+    def _at_least_a_second(cls, value: timedelta) -> timedelta:
+        if value < timedelta(seconds=1):
             raise ValueError(
-                f"{scheme + '://' if scheme else 'a URL without a scheme'} is not a broker this "
-                "package runs on: use amqp:// or amqps:// (RabbitMQ), or embedded://PATH"
+                "must be at least '1s': database connections, keepalives and open "
+                "transactions are bounded by it"
             )
         return value
 
@@ -451,6 +478,11 @@ def _check_port_keys(source: str, ports: Any, overrides: Overrides | None = None
             if errors:
                 first = ValidationError.from_exception_data(exc.title, errors)  # type: ignore[arg-type]
                 raise SettingsError(describe_error(source, first, overrides, ("ports", name))) from exc
+
+
+def broker_urls(value: str) -> list[str]:
+    """The URLs of ``broker_url``: one, or the nodes of a cluster separated by ``;``."""
+    return [url.strip() for url in value.split(";") if url.strip()] or [value]
 
 
 def mask_url(url: str) -> str:
