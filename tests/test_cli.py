@@ -201,9 +201,9 @@ def test_public_api_is_pinned() -> None:
 
     assert sorted(mdbcontainer.__all__) == sorted([
         "BrokerError", "BrokerUnavailable", "DlqError", "ListenerError", "MdbError", "Message",
-        "MessageContext", "NoReplyTo", "Producer", "PublishError", "RequestTimeout", "Settings",
-        "SettingsError", "SubscriptionInUse", "TransactionError", "Unroutable", "load_settings",
-        "message_driven",
+        "MessageContext", "NoReplyTo", "Producer", "PublishError", "QueueUnavailable",
+        "RequestTimeout", "Settings", "SettingsError", "SubscriptionInUse", "TransactionError",
+        "Unroutable", "load_settings", "message_driven",
     ])
 
 
