@@ -149,7 +149,7 @@ def run(
     ] = None,
     processes: Annotated[
         int | None,
-        typer.Option("--processes", min=1, max=64,
+        typer.Option("--processes", metavar="N", min=1, max=64,
                      help="Run N container processes under one supervisor (default: "
                           "container.processes, 1: no supervisor)."),
     ] = None,
