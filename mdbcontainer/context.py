@@ -12,7 +12,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .errors import TransactionError
+from .errors import NoReplyTo, TransactionError
 from .message import Message
 from .outgoing import outgoing
 
@@ -92,7 +92,7 @@ class MessageContext:
     def reply(self, body: Any, **options: Any) -> str:
         """Answer a request: to ``reply_to``, correlated with the request's correlation id or id."""
         if not self.message.reply_to:
-            raise TransactionError(f"port {self.port!r}: message {self.message.id} has no reply_to")
+            raise NoReplyTo(f"port {self.port!r}: message {self.message.id} has no reply_to")
         options.setdefault("correlation_id", self.message.correlation_id or self.message.id)
         message = replace(outgoing(self.message.reply_to, body, **options), reply=True)
         self._unit.send(message)

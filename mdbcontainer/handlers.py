@@ -111,8 +111,8 @@ def _import(name: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
             raise ListenerError(
-                f"listener module {name!r} not found (container.listeners; is it on the path?)"
-            ) from None
+                f"listener module {name!r} not found (is it on the path?)"
+            ) from exc
         raise ListenerError(f"listener module {name!r} failed to import: {exc}") from exc
     except Exception as exc:
         raise ListenerError(

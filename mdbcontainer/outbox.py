@@ -30,6 +30,9 @@ log = logging.getLogger("mdbcontainer.outbox")
 # Rows younger than this belong to a consumer that is publishing them now.
 RELAY_GRACE = timedelta(seconds=5)
 RELAY_BATCH = 200
+# One container of a fleet relays at a time (PostgreSQL advisory lock key, held by
+# the relay's transaction): two relays would publish the same rows twice.
+RELAY_LOCK = 7426003
 
 
 @dataclass(frozen=True)
@@ -109,10 +112,14 @@ class Outbox:
             raise failed
 
     def relay(self, publisher: Publisher, *, grace: timedelta = RELAY_GRACE) -> int:
-        """Publish rows left by a crash; return how many were sent.
+        """Publish rows left by a crash; return how many were sent (0 while another container relays).
 
         A row the broker will not take (unroutable, not confirmed) is skipped and
-        retried next time, so one bad row never blocks the rows behind it.
+        retried next time, so one bad row never blocks the rows behind it. On
+        PostgreSQL one relay runs at a time across the fleet (an advisory lock
+        for the transaction); the rows are also locked and locked rows skipped,
+        so a consumer deleting the rows it has just published waits, then
+        finds them gone.
         """
         cutoff = utcnow() - grace
         query = (
@@ -125,6 +132,9 @@ class Outbox:
             query = query.with_for_update(skip_locked=True)
         sent: list[int] = []
         with self.store.engine.begin() as conn:
+            if not self._relay_lock(conn):
+                log.debug("another container is relaying the outbox")
+                return 0
             rows = conn.execute(query).all()
             parsed = [(row._asdict(), json.loads(row.properties)) for row in rows]
             for (values, properties), error in zip(parsed, _publish_rows(publisher, parsed), strict=True):
@@ -138,6 +148,11 @@ class Outbox:
         if sent:
             log.info("outbox relay published %d message(s) left by an earlier process", len(sent))
         return len(sent)
+
+    def _relay_lock(self, conn: Any) -> bool:
+        if self.store.dialect != "postgresql":
+            return True
+        return bool(conn.exec_driver_sql(f"SELECT pg_try_advisory_xact_lock({RELAY_LOCK})").scalar())
 
     def backlog(self) -> int:
         from sqlalchemy import func

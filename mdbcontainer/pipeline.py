@@ -234,6 +234,7 @@ class Pipeline:
         if self.once_only and self.resources.dedup.seen(self.port.name, message_id):
             self.acks.discard(delivery)
             self.port.record("duplicate_skipped")
+            self._log(logging.INFO, "duplicate_skipped", message_id, None, "already handled, not again")
             return None, None
         attempt = self.resources.counter.open(self.queue, message_id)
         return attempt.count, attempt.last_exception
@@ -291,6 +292,8 @@ class Pipeline:
         self.acks.settle(delivery)  # now, or later: the port's acknowledge mode
         crash_point("after-ack")
         self.port.record("handled" if outcome.kind == "handled" else "duplicate_skipped")
+        if outcome.kind != "handled":
+            self._log(logging.INFO, "duplicate_skipped", message.id, None, "already handled, not again")
         if outcome.kind == "handled":
             self.port.after_success()
             self.resources.metrics.end_to_end(self.port.name, delivery.timestamp)

@@ -101,11 +101,14 @@ class ListenerPort:
         for consumer in self.consumers:
             consumer.thread.start()
 
-    def stop(self, reason: str, *, wait: float | None = None) -> None:
-        """Stop consuming; in-flight deliveries finish, prefetched ones are handed back."""
+    def stop(self, reason: str, *, wait: float | None = None, logged: bool = False) -> None:
+        """Stop consuming; in-flight deliveries finish, prefetched ones are handed back.
+
+        ``logged``: the caller logs the stop itself (at shutdown, once the deliveries finished).
+        """
         with self._state_lock:
             self.stop_event.set()
-            self._set_state("stopped", reason)
+            self._set_state("stopped", reason, logged=logged)
         if wait is not None:
             self.join(wait)
 
@@ -233,7 +236,7 @@ class PortConsumer:
     @property
     def publisher(self) -> Publisher:
         if self._publisher is None:
-            self._publisher = Publisher(self.port.resources.broker)
+            self._publisher = Publisher(self.port.resources.broker, heartbeat=True)
         return self._publisher
 
     def publish(self, message: Outgoing) -> None:

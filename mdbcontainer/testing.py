@@ -13,12 +13,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import kombu
+from amqp.exceptions import NotFound
+from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from .broker import Broker
@@ -68,6 +70,27 @@ def write_settings(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+def mdb(*args: str, settings: Path | None = None, env: Mapping[str, str] | None = None,
+        cwd: Path | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """``mdb ARGS -c SETTINGS`` in a second process, as a user types it; exit code and output kept.
+
+    ``env`` is added to this process's environment. The command runs in ``cwd``,
+    by default the settings' directory, as :class:`ContainerProcess` does, so a
+    relative path in the settings names the same file for both.
+    """
+    command = [sys.executable, "-m", "mdbcontainer", *args]
+    if settings is not None:
+        command += ["-c", str(settings)]
+        cwd = cwd or Path(settings).parent
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def headers_of(message: Any) -> dict[str, Any]:
+    """The application headers of a message taken with :meth:`QueueProbe.take_all` (``x-mdb-*``)."""
+    return dict(message.headers or message.properties.get("application_headers") or {})
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.1,
              what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy; raise AssertionError on timeout."""
@@ -86,7 +109,13 @@ class ContainerProcess:
 
     def __init__(self, settings_path: Path, *, ports: list[str] | None = None,
                  env: dict[str, str] | None = None, cwd: Path | None = None,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, prefix: list[str] | None = None) -> None:
+        """``prefix``: a command that runs ``mdb run`` elsewhere (``["ip", "netns", "exec", NS]``).
+
+        It must exec the command (keep its pid): the process is found in ``mdb
+        ports`` by that pid.
+        """
+        self.prefix = list(prefix or [])
         self.settings_path = Path(settings_path)
         self.settings: Settings = load_settings(self.settings_path, environ={})
         self.ports = ports or []
@@ -96,7 +125,7 @@ class ContainerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, wait: bool = True, timeout: float = 30.0) -> ContainerProcess:
-        args = [sys.executable, "-m", "mdbcontainer", "run", "-c", str(self.settings_path)]
+        args = [*self.prefix, sys.executable, "-m", "mdbcontainer", "run", "-c", str(self.settings_path)]
         for port in self.ports:
             args += ["--port", port]
         log = self.log_path.open("ab")
@@ -124,12 +153,17 @@ class ContainerProcess:
         return Store(self.settings.container, engine=make_engine(url.render_as_string(False)))
 
     def rows(self) -> list[dict[str, Any]]:
-        """This process's ports as ``mdb ports --json`` shows them."""
+        """This process's ports as ``mdb ports --json`` shows them.
+
+        No rows before the container has created its tables; any other error (a wrong
+        database URL, a lost server) raises instead of passing for "no ports yet".
+        """
         store = self._store()
         try:
+            table = store.tables.container
+            if not inspect(store.engine).has_table(table.name, schema=table.schema):
+                return []
             return [r for r in Control(store).live() if r["container"].split(":")[-2] == str(self.pid)]
-        except Exception:
-            return []
         finally:
             store.dispose()
 
@@ -188,7 +222,11 @@ class ContainerProcess:
 
 
 class QueueProbe:
-    """Looks at queues on the settings' broker without consuming what stays."""
+    """Looks at queues on the settings' broker without consuming what stays.
+
+    A queue that does not exist raises (the broker's NOT_FOUND), as does any other
+    error: a misspelt name must not pass for an empty queue.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -201,27 +239,30 @@ class QueueProbe:
         finally:
             conn.close()
 
-    def count(self, queue: str) -> int:
-        """Messages ready on ``queue`` (0 when it does not exist)."""
+    def exists(self, queue: str) -> bool:
+        """Whether ``queue`` exists: to wait for a queue the container declares when it first sends."""
 
-        def act(channel: Any) -> int:
+        def act(channel: Any) -> bool:
             try:
-                return int(channel.queue_declare(queue=queue, passive=True).message_count)
-            except Exception:
-                return 0
+                _existing(channel, queue)
+            except NotFound:
+                return False
+            return True
 
-        return int(self._channel_do(act))
+        return bool(self._channel_do(act))
+
+    def count(self, queue: str) -> int:
+        """Messages ready on ``queue``."""
+        return int(self._channel_do(lambda channel: _existing(channel, queue).message_count))
 
     def take_all(self, queue: str, limit: int = 100_000) -> list[Any]:
         """Consume and acknowledge every ready message of ``queue`` (for assertions at the end)."""
 
         def act(channel: Any) -> list[Any]:
+            _existing(channel, queue)
             out: list[Any] = []
             while len(out) < limit:
-                try:
-                    message = channel.basic_get(queue=queue, no_ack=True)
-                except Exception:
-                    break
+                message = channel.basic_get(queue=queue, no_ack=True)
                 if message is None:
                     break
                 out.append(message)
@@ -230,8 +271,15 @@ class QueueProbe:
         return list(self._channel_do(act))
 
     def purge(self, queue: str) -> None:
+        """Drop every ready message of ``queue``."""
+
         def act(channel: Any) -> None:
-            with suppress(Exception):
-                channel.queue_purge(queue=queue)
+            _existing(channel, queue)
+            channel.queue_purge(queue=queue)
 
         self._channel_do(act)
+
+
+def _existing(channel: Any, queue: str) -> Any:
+    """The broker's queue.declare-ok for ``queue``; a passive declare, so a missing queue raises."""
+    return channel.queue_declare(queue=queue, passive=True)

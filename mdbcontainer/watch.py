@@ -173,7 +173,8 @@ def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
     for column, justify in (("container", "left"), ("port", "left"), ("queue", "left"),
                             ("state", "left"), ("msg/s", "right"), ("failures", "right"),
                             ("delivered", "right"), ("failed", "right"), ("backed out", "right"),
-                            ("backlog", "right"), ("batches", "right"), ("since", "left"),
+                            ("invalid", "right"), ("backlog", "right"), ("batches", "right"),
+                            ("since", "left"),
                             ("reason", "left")):
         table.add_column(column, justify=justify, no_wrap=True,  # type: ignore[arg-type]
                          overflow="ellipsis", max_width=REASON_WIDTH if column == "reason" else None)
@@ -185,7 +186,7 @@ def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
             row["container"], row["port"], queue_of(row) or "-", _state(str(row["state"])),
             f"{rates.get(key, 0.0):.1f}", _number(row.get("consecutive_failures", 0), alarm=True),
             str(row.get("delivered", 0)), str(row.get("failed", 0)),
-            str(int(row.get("backed_out") or 0) + int(row.get("invalid_body") or 0)),
+            str(row.get("backed_out", 0)), str(row.get("invalid_body", 0)),  # as --json counts them
             "-" if depth is None else str(depth), batch_figures(row), str(row.get("since", ""))[11:19],
             reason,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import uuid
 from collections import Counter
@@ -25,6 +26,9 @@ from mdbcontainer.testing import ContainerProcess, QueueProbe, write_settings
 ROOT = Path(__file__).resolve().parent.parent
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+# What an ``mdb`` child process needs to import the test listeners (tests.apps), wherever it runs.
+CHILD_ENV = {"PYTHONPATH": str(ROOT)}
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -92,7 +96,7 @@ class Backend:
         return {
             "MDB_TEST_LOG": str(self.log),
             "MDB_TEST_SCHEMA": self.schema or "",
-            "PYTHONPATH": str(ROOT),
+            **CHILD_ENV,
         }
 
     def settings_data(self, ports: dict[str, Any], queues: dict[str, Any] | None = None,
@@ -163,6 +167,31 @@ class Backend:
             with self.engine.begin() as conn:
                 conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
         self.engine.dispose()
+
+
+def jms_settings(backend: Backend, queue: str, queues: dict[str, Any] | None = None,
+                 **port: Any) -> Path:
+    """Settings with port Jms (tests/apps/jms.py) on ``queue``; ``queues`` default to ``queue`` alone."""
+    return backend.write(ports={"Jms": {"destination": queue, **port}}, queues=queues or {queue: {}},
+                         listeners=["tests.apps.jms"])
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int | None = None) -> str:
+    """The one line an ``mdb`` failure prints on stderr (no traceback); checks the exit code if given."""
+    if code is not None:
+        assert result.returncode == code, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def rabbitmqctl(*args: str, timeout: float = 120.0) -> str:
+    """Run ``rabbitmqctl`` on this machine's RabbitMQ; its output, or RuntimeError with its stderr."""
+    done = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {done.stderr.strip() or done.stdout}")
+    return done.stdout
 
 
 def _module_of(port: str) -> str:

@@ -71,14 +71,16 @@ def test_a_batch_handler_commits_each_message_once_and_skips_duplicates(backend:
                  what="two duplicates skipped")
         row = c.port_state("BatchWork") or {}
         shown = subprocess.run([sys.executable, "-m", "mdbcontainer", "ports", "-c", str(settings)],
-                               capture_output=True, text=True, cwd=ROOT, env=backend.env, timeout=60)
+                               capture_output=True, text=True, cwd=ROOT, timeout=60,
+                               env={**backend.env, "COLUMNS": "220"})
     assert backend.effects("BatchWork") == Counter({i: 1 for i in ids}), "each message's work once"
     sizes = calls(backend, "BatchWork")
     assert sum(sizes) == 40 and max(sizes) == 20, f"handler called with lists: {sizes}"
     assert row["handled"] == 40 and row["batches"] >= 2
     assert row["fallbacks"] == 0
     mean = row["batched"] / row["batches"]
-    assert f"{row['batches']} x {mean:.1f}/20, 0 fallbacks" in shown.stdout, shown.stdout
+    assert f"{row['batches']} x {mean:.1f}/20" in shown.stdout, shown.stdout
+    assert "fallbacks" in shown.stdout.splitlines()[0], shown.stdout
 
 
 def test_a_failing_message_rolls_the_batch_back_and_only_it_counts(backend: Backend) -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from datetime import timedelta
 
@@ -14,7 +11,8 @@ from sqlalchemy import func, insert, select
 from mdbcontainer.dedup import Dedup
 from mdbcontainer.settings import load_settings
 from mdbcontainer.store import Store, utcnow
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import mdb
+from tests.conftest import Backend
 
 
 def fill(store: Store, port: str, count: int, age: timedelta) -> None:
@@ -65,11 +63,8 @@ def test_purge_deletes_only_rows_past_retention_in_batches(backend: Backend) -> 
 def test_mdb_dedup_purge_command(backend: Backend) -> None:
     store = dedup_store(backend)
     fill(store, "Work", 50, timedelta(days=3))
-    result = subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", "dedup", "purge", "--older-than", "2d",
-         "-c", str(backend.tmp / "settings.toml")],
-        capture_output=True, text=True, cwd=ROOT, env={**os.environ, **backend.env}, timeout=60,
-    )
+    result = mdb("dedup", "purge", "--older-than", "2d", settings=backend.tmp / "settings.toml",
+                 env=backend.env)
     assert result.returncode == 0, result.stderr
     assert "removed 50 dedup row(s) older than 2d" in result.stdout
     assert Dedup(store).count() == 0

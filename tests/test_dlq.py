@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
+import re
 import signal
-import subprocess
-import sys
+import uuid
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -21,22 +20,12 @@ import pytest
 from sqlalchemy import delete
 
 from mdbcontainer.broker import Broker, Publisher
-from mdbcontainer.testing import wait_for, write_settings
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import mdb, wait_for, write_settings
+from tests.conftest import Backend, one_line_error
 
 pytestmark = pytest.mark.slow
 
 BINARY = b"\xff\xfe\x00binary"
-
-
-def mdb(*args: str, settings: Path, env: dict[str, str] | None = None,
-        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would, from a second process."""
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-        capture_output=True, text=True, env={**os.environ, **(env or {}), **(extra_env or {})},
-        cwd=ROOT, timeout=60,
-    )
 
 
 def listed(backend: Backend, settings: Path, *queue: str) -> list[dict[str, Any]]:
@@ -45,13 +34,6 @@ def listed(backend: Backend, settings: Path, *queue: str) -> list[dict[str, Any]
     data = json.loads(result.stdout)
     assert isinstance(data, list)
     return data
-
-
-def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
-    assert result.returncode == code, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def publish_raw(backend: Backend, settings: Path, queue: str, message_id: str, body: bytes,
@@ -115,7 +97,7 @@ def test_list_and_show_browse_without_consuming(backend: Backend) -> None:
     assert binary["body_encoding"] == "base64"
     assert base64.b64decode(binary["body"]) == BINARY
 
-    table = mdb("dlq", "list", settings=settings, env=backend.env, extra_env={"COLUMNS": "250"})
+    table = mdb("dlq", "list", settings=settings, env={**backend.env, "COLUMNS": "250"})
     assert table.returncode == 0, table.stderr
     for expected in ("failing", "rolled-back", "text-body", "binary-body",
                      "RuntimeError: poison message 1", "invalid-body"):
@@ -196,8 +178,8 @@ def test_replay_killed_between_confirm_and_ack_duplicates_and_loses_nothing(
         for n in range(3):
             producer.send(dlq, {"n": n}, message_id=f"dead-{n}")
 
-    crashed = mdb("dlq", "replay", "--all", "--to", parked, settings=settings, env=backend.env,
-                  extra_env={"MDB_CRASH_AT": "mid-replay:2"})  # SIGKILL after the 2nd confirm
+    crashed = mdb("dlq", "replay", "--all", "--to", parked, settings=settings,
+                  env={**backend.env, "MDB_CRASH_AT": "mid-replay:2"})  # SIGKILL after the 2nd confirm
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     probe = backend.probe(settings)
     wait_for(lambda: probe.count(dlq) == 2, what="the unacknowledged original back on the DLQ")
@@ -250,3 +232,125 @@ def test_unreachable_broker_fails_in_one_line_without_the_password(
     line = one_line_error(result, 1)
     assert "127.0.0.1:1" in line and "not reachable" in line
     assert "s3cret" not in result.stderr + result.stdout
+
+
+def test_every_dlq_command_takes_the_queue_as_queue_option(backend: Backend) -> None:
+    """``list`` and ``purge`` took the queue as an argument, ``show`` and ``replay`` as --queue:
+    now all take --queue, and the argument still works."""
+    queue, dlq, other = backend.q("IN"), backend.q("DLQ"), backend.q("OTHER")
+    settings = backend.write(ports={"Work": {"destination": queue}},
+                             queues={queue: {"backout_queue": other}})
+    assert listed(backend, settings, "--queue", other) == []  # declares the backout queue
+    with backend.producer(settings) as producer:
+        producer.send(dlq, {"n": 0}, message_id="on-dlq")
+        producer.send(other, {"n": 1}, message_id="on-other")
+
+    assert [m["id"] for m in listed(backend, settings, "--queue", other)] == ["on-other"]
+    assert [m["id"] for m in listed(backend, settings, other)] == ["on-other"]  # the older spelling
+    assert [m["id"] for m in listed(backend, settings)] == ["on-dlq"]  # default: dead_letter_queue
+    result = mdb("dlq", "purge", "--queue", other, "--yes", settings=settings, env=backend.env)
+    assert f"purged 1 message(s) from {other}" in result.stdout, result.stderr
+    result = mdb("dlq", "purge", dlq, "--yes", settings=settings, env=backend.env)
+    assert f"purged 1 message(s) from {dlq}" in result.stdout, result.stderr
+
+
+def backed_out_by_hand(backend: Backend, settings: Path, dlq: str, count: int,
+                       big: int = 0) -> list[str]:
+    """``count`` messages on the DLQ as the container leaves them (the last with a ``big`` body)."""
+    ids = [f"{uuid.uuid4()}" for _ in range(count)]
+    with backend.producer(settings) as producer:
+        for n, mid in enumerate(ids):
+            body = {"n": n, "blob": "x" * (big if n == count - 1 else 10)}
+            producer.send(dlq, body, message_id=mid, headers={
+                "x-mdb-original-destination": "orders.incoming.from.the.web.shop", "x-mdb-port": "Work",
+                "x-mdb-backout-reason": "backout-threshold", "x-mdb-redelivery-count": 5,
+                "x-mdb-failed-at": "2026-11-30T20:40:53.97+00:00",
+                "x-mdb-exception": "Traceback ...\nRuntimeError: poison message with a long story to tell",
+            })
+    return ids
+
+
+def test_list_fits_80_columns_and_stops_at_its_limit(backend: Backend) -> None:
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    ids = backed_out_by_hand(backend, settings, dlq, 5)
+
+    table = mdb("dlq", "list", settings=settings, env={**backend.env, "COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == f"{dlq}: 5 message(s)"
+    assert lines[1].startswith("id "), "a title, a header, then one line per message"
+    assert [line.split()[0] for line in lines[2:7]] == ids, "ids whole, to copy into dlq show"
+    assert " ".join(lines[7:]).startswith("(left out to fit 80 columns: port, failed at (UTC);")
+    assert all(len(line) <= 80 for line in lines), table.stdout
+
+    first = mdb("dlq", "list", "--limit", "2", "--json", settings=settings, env=backend.env)
+    assert [m["id"] for m in json.loads(first.stdout)] == ids[:2]
+    assert f"{dlq}: the first 2 of 5 message(s) shown (--limit N shows more)" in first.stderr
+    every = mdb("dlq", "list", "--limit", "0", "--json", settings=settings, env=backend.env)
+    assert [m["id"] for m in json.loads(every.stdout)] == ids
+    assert backend.probe(settings).count(dlq) == 5, "every message stays, the unshown too"
+
+
+def test_show_cuts_a_big_body_unless_full(backend: Backend) -> None:
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    [mid] = backed_out_by_hand(backend, settings, dlq, 1, big=200_000)
+
+    shown = mdb("dlq", "show", mid, settings=settings, env=backend.env)
+    assert shown.returncode == 0, shown.stderr
+    assert len(shown.stdout) < 4000
+    assert "RuntimeError: poison message with a long story to tell" in shown.stdout
+    assert re.search(r"body \(json, 200,0\d\d bytes\): \{.*… \([\d,]+ more characters: --full shows them\)",
+                     shown.stdout)
+    full = mdb("dlq", "show", mid, "--full", settings=settings, env=backend.env)
+    assert '"x' + "x" * 199_999 + '"' in full.stdout
+    assert "--full shows them" not in full.stdout
+
+
+def test_a_message_the_handler_moved_is_handled_again_when_replayed(backend: Backend) -> None:
+    """Contract 2 and 5: ``ctx.move_to`` counts as handled, so the dedup row of the message
+    commits with the move; ``mdb dlq replay`` must still bring the message back to its
+    handler, not have it acknowledged as a duplicate of the delivery that moved it."""
+    queue, dlq = backend.q("Q"), backend.q("DLQ")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    with backend.container(settings):
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "move", "to": dlq}, message_id="parked")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="the move")
+        result = mdb("dlq", "replay", "parked", settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: len([a for a in backend.attempts() if a[1] == "parked"]) == 2,
+                 what="the replayed copy to reach the handler")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="moved again")
+
+
+def test_a_replay_killed_mid_way_and_run_again_still_applies_a_backed_out_message_once(
+    backend: Backend,
+) -> None:
+    """The replay's crash window (confirmed copy, original not yet acknowledged) duplicates the
+    copy; the dedup row of the first copy must absorb the second (README, dlq.py)."""
+    queue, dlq = backend.q("Q"), backend.q("DLQ")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 1}})
+    keys = backend.metadata.tables[f"{backend.schema}.unique_keys" if backend.schema
+                                   else "unique_keys"]
+    with backend.engine.begin() as conn:  # the data fault that makes the message fail at commit
+        conn.execute(keys.insert().values(key="always-the-same"))
+    with backend.container(settings):
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "constraint"}, message_id="m")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="the backout")
+        with backend.engine.begin() as conn:
+            conn.execute(keys.delete())
+        crashed = mdb("dlq", "replay", "m", settings=settings,
+                      env={**backend.env, "MDB_CRASH_AT": "mid-replay"})
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+        wait_for(lambda: backend.effects() == {"m": 1}, what="the first copy handled")
+        result = mdb("dlq", "replay", "m", settings=settings, env=backend.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: backend.probe(settings).count(queue) == 0 and
+                 len([a for a in backend.attempts() if a[1] == "m"]) >= 2,
+                 what="the second copy consumed")
+        wait_for(lambda: backend.probe(settings).count(dlq) == 0, what="the DLQ empty")
+    assert backend.effects() == {"m": 1}

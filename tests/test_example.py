@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from mdbcontainer.testing import ContainerProcess, wait_for
+from mdbcontainer.testing import ContainerProcess, mdb, wait_for
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -22,20 +19,19 @@ def test_example_settings_run_the_sample_listeners(tmp_path: Path) -> None:
     settings = tmp_path / "settings.example.toml"
     env = {"PYTHONPATH": str(tmp_path)}
 
-    def mdb(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-                              capture_output=True, text=True, cwd=tmp_path, timeout=60,
-                              env={**os.environ, **env})
-
-    assert mdb("check").returncode == 0
+    assert mdb("check", settings=settings, env=env).returncode == 0
     with ContainerProcess(settings, cwd=tmp_path, env=env) as container:
-        sent = mdb("send", "ORDERS", '{"order_id": 1, "amount": "9.99"}', "--id", "order-1")
+        sent = mdb("send", "ORDERS", '{"order_id": 1, "amount": "9.99"}', "--id", "order-1",
+                   settings=settings, env=env)
         assert sent.returncode == 0, sent.stderr
         wait_for(lambda: "order 1 placed (9.99)" in container.output(), what="the order")
         wait_for(lambda: "audit #1: {'order_id': 1, 'event': 'placed'}" in container.output(),
                  what="the audit bean's event from the outbox")
-        assert mdb("send", "ORDERS", '{"order_id": 1, "amount": "9.99"}', "--id", "order-1").returncode == 0
-        assert mdb("send", "ORDERS", '{"order_id": "x"}', "--id", "bad").returncode == 0
+        again = mdb("send", "ORDERS", '{"order_id": 1, "amount": "9.99"}', "--id", "order-1",
+                    settings=settings, env=env)
+        assert again.returncode == 0
+        assert mdb("send", "ORDERS", '{"order_id": "x"}', "--id", "bad", settings=settings,
+                   env=env).returncode == 0
         wait_for(lambda: "moved to SYSTEM.DEAD.LETTER.QUEUE (invalid-body" in container.output(),
                  what="the invalid order backed out")
         assert container.output().count("order 1 placed") == 1, "the duplicate was skipped"

@@ -10,6 +10,7 @@ around them.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,13 +98,13 @@ hostile = st.tuples(st.one_of(st.binary(min_size=1, max_size=100), nested,
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(hostile, min_size=15, max_size=25))
 def test_hostile_messages_are_backed_out_and_the_port_keeps_running(backend: Backend, batch: list[Any]) -> None:
-    queue = backend.q(f"FUZZ-{id(batch) % 10000}")
-    dlq = backend.q("DLQ")
+    example = uuid.uuid4().hex[:8]  # hypothesis runs several examples on one backend
+    queue, dlq = backend.q(f"FUZZ-{example}"), backend.q(f"DLQ-{example}")
     settings_path = backend.write(
         ports={"Work": {"destination": queue, "max_retries": 0, "max_message_bytes": MAX_BYTES,
                         "transaction": "none"}},
+        dead_letter_queue=dlq,
     )
-    backend.probe(settings_path).purge(dlq)
     probe = backend.probe(settings_path)
     sent_bad: list[str] = []
     with backend.container(settings_path) as container:

@@ -7,18 +7,11 @@ from typing import Any
 
 import pytest
 
-from mdbcontainer.testing import ContainerProcess, wait_for
-from tests.apps.jms import records, run_mdb
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import ContainerProcess, mdb, wait_for
+from tests.apps.jms import records
+from tests.conftest import ROOT, Backend, jms_settings
 
 pytestmark = pytest.mark.slow
-
-
-def jms_settings(backend: Backend, queue: str, **port: Any) -> Path:
-    return backend.write(
-        ports={"Jms": {"destination": queue, **port}}, queues={queue: {}},
-        listeners=["tests.apps.jms"],
-    )
 
 
 def send(backend: Backend, settings: Path, queue: str, bodies: list[dict[str, Any]]) -> None:
@@ -75,12 +68,12 @@ def test_client_recover_and_port_stop_hand_messages_back_without_counting_failur
 
         send(backend, settings, queue, [{"n": 4}])
         wait_for(lambda: len(seen(backend)) == 6, what="a message held unacknowledged")
-        assert run_mdb("port", "stop", "Jms", settings=settings, env=backend.env).returncode == 0
+        assert mdb("port", "stop", "Jms", settings=settings, env=backend.env).returncode == 0
         wait_for(lambda: (container.port_state("Jms") or {}).get("state") == "stopped",
                  what="the port to stop")
         wait_for(lambda: backend.probe(settings).count(queue) == 1,
                  what="the held message back on its queue")
-        assert run_mdb("port", "start", "Jms", settings=settings, env=backend.env).returncode == 0
+        assert mdb("port", "start", "Jms", settings=settings, env=backend.env).returncode == 0
         wait_for(lambda: len(seen(backend)) == 7, what="its redelivery")
     last = records(backend.log)[-1]
     assert (last["n"], last["redelivered"], last["count"]) == (4, True, 0)
@@ -134,7 +127,8 @@ def test_transacted_sends_and_receive_roll_back_and_commit_as_one(rabbit: Backen
     send(rabbit, settings, queue, [{"n": 1, "action": "send", "to": [out1, out2], "then_fail": True}])
     with rabbit.container(settings):
         wait_for(lambda: len(seen(rabbit)) == 2, what="a rollback, then a commit")
-        wait_for(lambda: rabbit.probe(settings).count(out2) == 1, what="the committed sends")
+        probe = rabbit.probe(settings)  # the first send declares the queues
+        wait_for(lambda: probe.exists(out2) and probe.count(out2) == 1, what="the committed sends")
     assert [r["count"] for r in records(rabbit.log)] == [0, 1], "the rollback redelivered it"
     probe = rabbit.probe(settings)
     assert [m.properties["message_id"] for m in probe.take_all(out1)] == [f"m1.{out1}"]

@@ -5,35 +5,23 @@ from __future__ import annotations
 import socket
 import time
 import urllib.request
-from pathlib import Path
-from typing import Any
 
+import kombu
 import pytest
 
 from mdbcontainer.producer import Outgoing, outgoing
-from mdbcontainer.testing import wait_for
-from tests.apps.jms import records, run_mdb
-from tests.conftest import Backend
+from mdbcontainer.testing import headers_of, mdb, wait_for
+from tests.apps.jms import records
+from tests.conftest import RABBITMQ_URL, Backend, jms_settings
 
 pytestmark = pytest.mark.slow
 
 
-def jms_settings(backend: Backend, queue: str, queues: dict[str, Any] | None = None, **port: Any) -> Path:
-    return backend.write(
-        ports={"Jms": {"destination": queue, "transaction": "none", **port}},
-        queues=queues or {queue: {}}, listeners=["tests.apps.jms"],
-    )
-
-
-def headers_of(message: Any) -> dict[str, Any]:
-    return dict(message.headers or message.properties.get("application_headers") or {})
-
-
 def test_messages_are_persistent_with_priority_4_unless_told_otherwise(backend: Backend) -> None:
     queue = backend.q("PERSIST")
-    settings = jms_settings(backend, queue)
+    settings = jms_settings(backend, queue, transaction="none")
     for body, flags in (('{"n": 1}', []), ('{"n": 2}', ["--non-persistent", "--priority", "7"])):
-        result = run_mdb("send", queue, body, *flags, settings=settings, env=backend.env)
+        result = mdb("send", queue, body, *flags, settings=settings, env=backend.env)
         assert result.returncode == 0, result.stderr
     with backend.container(settings):
         wait_for(lambda: len(records(backend.log)) == 2, what="both messages")
@@ -43,7 +31,8 @@ def test_messages_are_persistent_with_priority_4_unless_told_otherwise(backend: 
 
 def test_higher_priorities_are_delivered_first_when_messages_wait_together(backend: Backend) -> None:
     queue = backend.q("PRIO")
-    settings = jms_settings(backend, queue, queues={queue: {"max_priority": 9}}, prefetch=1)
+    settings = jms_settings(backend, queue, queues={queue: {"max_priority": 9}}, transaction="none",
+                            prefetch=1)
     sent = [("a", 1), ("b", 9), ("c", None), ("d", 0), ("e", 7), ("f", 9), ("g", 4)]
     with backend.producer(settings) as producer:  # no container runs: they wait together
         for n, priority in sent:
@@ -104,7 +93,7 @@ def test_expired_messages_never_reach_the_handler_and_go_to_the_expiry_queue(bac
 
 def test_without_an_expiry_queue_expired_messages_are_dropped(backend: Backend) -> None:
     queue = backend.q("TTL")
-    settings = jms_settings(backend, queue)
+    settings = jms_settings(backend, queue, transaction="none")
     with backend.producer(settings) as producer:
         producer.send(queue, {"n": "ttl"}, ttl="500ms", message_id="ttl")
         producer.send(queue, {"n": "fresh"}, message_id="fresh")
@@ -114,3 +103,23 @@ def test_without_an_expiry_queue_expired_messages_are_dropped(backend: Backend) 
         wait_for(lambda: backend.probe(settings).count(queue) == 0, what="an empty queue")
     assert [r["n"] for r in records(backend.log)] == ["fresh"]
     assert backend.probe(settings).count(backend.q("DLQ")) == 0
+
+
+@pytest.mark.rabbitmq
+def test_a_message_without_delivery_mode_is_not_persistent(rabbit: Backend) -> None:
+    """Contract 2: ``persistent``. AMQP without a delivery_mode is transient (RabbitMQ keeps it
+    in memory only), so a producer from elsewhere that sets none must not read as persistent."""
+    import amqp
+
+    queue = rabbit.q("Q")
+    settings = jms_settings(rabbit, queue, transaction="none")
+    with rabbit.container(settings):
+        with rabbit.producer(settings) as producer:
+            producer.send(queue, {"n": 1}, message_id="ours")
+            producer.send(queue, {"n": 2}, message_id="ours-transient", persistent=False)
+        with kombu.Connection(RABBITMQ_URL) as conn:
+            raw = amqp.Message(b'{"n": 3}', content_type="application/json", message_id="foreign")
+            conn.default_channel.basic_publish(raw, exchange="", routing_key=queue)
+        wait_for(lambda: len(records(rabbit.log)) == 3, what="three deliveries")
+    persistent = {row["id"]: row["persistent"] for row in records(rabbit.log)}
+    assert persistent == {"ours": True, "ours-transient": False, "foreign": False}

@@ -6,21 +6,15 @@ Restarts the real RabbitMQ (``rabbitmqctl stop_app`` / ``start_app``) and leaves
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 
 import pytest
 
-from mdbcontainer.testing import wait_for
-from tests.apps.jms import run_mdb
+from mdbcontainer.testing import mdb, wait_for
 from tests.chaos.faults import disruptive_lock
-from tests.conftest import Backend, reachable
+from tests.conftest import Backend, rabbitmqctl, reachable
 
 pytestmark = [pytest.mark.disruptive, pytest.mark.slow]
-
-
-def rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
 
 
 def restart_rabbitmq() -> None:
@@ -50,8 +44,8 @@ def test_persistent_messages_survive_a_rabbitmq_restart_and_transient_ones_do_no
         for n in range(3):
             producer.send(queue, {"n": n}, message_id=f"persistent-{n}")
     for n in range(3):
-        result = run_mdb("send", queue, f'{{"n": {n}}}', "--non-persistent", "--id", f"transient-{n}",
-                         settings=settings, env=rabbit.env)
+        result = mdb("send", queue, f'{{"n": {n}}}', "--non-persistent", "--id", f"transient-{n}",
+                     settings=settings, env=rabbit.env)
         assert result.returncode == 0, result.stderr
     assert rabbit.probe(settings).count(queue) == 6
     restart_rabbitmq()

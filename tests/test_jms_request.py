@@ -9,18 +9,11 @@ from typing import Any
 import pytest
 
 from mdbcontainer import Message, RequestTimeout
-from mdbcontainer.testing import wait_for
-from tests.apps.jms import records, run_mdb
-from tests.conftest import Backend
+from mdbcontainer.testing import mdb, wait_for
+from tests.apps.jms import records
+from tests.conftest import Backend, jms_settings
 
 pytestmark = pytest.mark.slow
-
-
-def jms_settings(backend: Backend, queue: str, **port: Any) -> Path:
-    return backend.write(
-        ports={"Jms": {"destination": queue, **port}}, queues={queue: {}},
-        listeners=["tests.apps.jms"],
-    )
 
 
 @pytest.mark.parametrize("transaction", ["none", "container"])
@@ -61,13 +54,13 @@ def test_mdb_request_prints_the_reply_and_a_timeout_exits_1(backend: Backend) ->
     queue, nobody = backend.q("SERVICE"), backend.q("NOBODY")
     settings = jms_settings(backend, queue, transaction="none")
     with backend.container(settings):
-        result = run_mdb("request", queue, '{"n": 3, "action": "reply"}', "--timeout", "10s",
-                         settings=settings, env=backend.env)
+        result = mdb("request", queue, '{"n": 3, "action": "reply"}', "--timeout", "10s",
+                     settings=settings, env=backend.env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"echo": 3, "port": "Jms"}
 
-    result = run_mdb("request", nobody, '{"n": 4}', "--timeout", "1s", settings=settings,
-                     env=backend.env)
+    result = mdb("request", nobody, '{"n": 4}', "--timeout", "1s", settings=settings,
+                 env=backend.env)
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1

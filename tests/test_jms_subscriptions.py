@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from mdbcontainer.testing import wait_for
-from tests.apps.jms import records, run_mdb
+from mdbcontainer.testing import mdb, wait_for
+from tests.apps.jms import records
 from tests.conftest import RABBITMQ_URL, Backend
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,7 @@ def test_figure_5_2_a_durable_subscriber_receives_what_was_published_while_close
     running(backend, settings, topic, ["M6"], expect=6)
     assert received(backend) == ["M1", "M2", "M3", "M4", "M5", "M6"]
 
-    result = run_mdb("unsubscribe", client_id, "sub", settings=settings, env=backend.env)
+    result = mdb("unsubscribe", client_id, "sub", settings=settings, env=backend.env)
     assert result.returncode == 0, result.stderr
     assert f"deleted durable subscription {client_id}.sub" in result.stdout
     publish(backend, settings, topic, "M7")  # after unsubscribe: kept by nobody
@@ -101,13 +101,13 @@ def test_one_active_subscriber_per_durable_subscription(backend: Backend, topic:
         publish(backend, settings, topic, "M1")
         wait_for(lambda: received(backend) == ["M1"], what="the first subscriber to receive")
 
-        result = run_mdb("unsubscribe", client_id, "sub", settings=settings, env=backend.env)
+        result = mdb("unsubscribe", client_id, "sub", settings=settings, env=backend.env)
         assert result.returncode == 1
         assert result.stderr.count("\n") == 1
         assert f"durable subscription '{queue}' is active" in result.stderr
 
         assert first.terminate() == 0  # the first closes: the second may take over
-        assert run_mdb("port", "start", "Jms", settings=settings, env=backend.env).returncode == 0
+        assert mdb("port", "start", "Jms", settings=settings, env=backend.env).returncode == 0
         wait_for(lambda: (second.port_state("Jms") or {}).get("state") == "started",
                  what="the second subscriber to take over")
         publish(backend, settings, topic, "M2")
@@ -117,9 +117,9 @@ def test_one_active_subscriber_per_durable_subscription(backend: Backend, topic:
         for container in (first, second):
             if container.alive():
                 container.kill()
-    result = run_mdb("unsubscribe", client_id, "sub", settings=settings, env=backend.env)
+    result = mdb("unsubscribe", client_id, "sub", settings=settings, env=backend.env)
     assert result.returncode == 0, result.stderr
-    result = run_mdb("unsubscribe", client_id, "sub", settings=settings, env=backend.env)
+    result = mdb("unsubscribe", client_id, "sub", settings=settings, env=backend.env)
     assert result.returncode == 1
     assert f"no durable subscription '{queue}'" in result.stderr
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
-from mdbcontainer.testing import ContainerProcess, wait_for
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import ContainerProcess, mdb, wait_for
+from tests.conftest import RABBITMQ_URL, ROOT, Backend
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +37,31 @@ def test_sigterm_mid_stream_loses_nothing_and_exits_0(backend: Backend) -> None:
     assert backend.probe(settings).count(backend.q("DLQ")) == 0
     handed_back = [a for a in backend.attempts() if a[3] > 0]
     assert not handed_back, "a graceful stop does not count handed-back messages as failures"
+
+
+def test_shutdown_says_it_waits_for_a_running_handler_before_the_port_stops(
+    backend: Backend,
+) -> None:
+    queue = backend.q("SLOWSTOP")
+    settings = backend.write(ports={"Work": {"destination": queue}})
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "action": "sleep", "seconds": 2}, message_id="slow")
+    container = backend.container(settings).start()
+    wait_for(lambda: backend.attempts(), what="the slow handler to start")
+    assert container.terminate() == 0
+    assert backend.effects() == {"slow": 1}, "the handler finished and committed"
+    lines = container.output().splitlines()
+    waiting = next(i for i, line in enumerate(lines)
+                   if "port Work stopping: waiting for 1 in-flight delivery" in line)
+    stopped = next(i for i, line in enumerate(lines)
+                   if "port Work stopped: container shutting down" in line)
+    assert waiting < stopped
+
+    def at(line: str) -> datetime:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+    assert (at(lines[stopped]) - at(lines[waiting])).total_seconds() > 1.0, (
+        "the stop is logged once the handler is done, not while it sleeps")
 
 
 def test_second_signal_exits_at_once_and_still_loses_nothing(backend: Backend) -> None:
@@ -67,10 +92,11 @@ def test_a_message_that_kills_the_container_ends_in_the_backout_queue(backend: B
         for n in range(2, 12):
             producer.send(queue, {"n": n}, message_id=f"good-{n}")
     dlq = backend.q("DLQ")
+    probe = backend.probe(settings)
     crashes = 0
     while True:
         container = backend.container(settings).start(wait=False)
-        wait_for(lambda c=container: not c.alive() or backend.probe(settings).count(dlq),
+        wait_for(lambda c=container: not c.alive() or (probe.exists(dlq) and probe.count(dlq)),
                  timeout=60, what="a crash or the backout")
         if container.alive():
             break
@@ -92,10 +118,7 @@ def test_port_stop_and_start_act_on_every_replica(backend: Backend) -> None:
     queue = backend.q("FLEET")
     settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}})
     with backend.container(settings) as one, backend.container(settings, log_path=backend.tmp / "two.log") as two:
-        result = subprocess.run(
-            [sys.executable, "-m", "mdbcontainer", "ports", "--json", "-c", str(settings)],
-            capture_output=True, text=True, cwd=ROOT, timeout=60,
-        )
+        result = mdb("ports", "--json", settings=settings, env=backend.env)
         import json
 
         rows = json.loads(result.stdout)
@@ -104,8 +127,7 @@ def test_port_stop_and_start_act_on_every_replica(backend: Backend) -> None:
         assert set(rows[0]) >= {"container", "port", "destination", "state", "reason",
                                 "consecutive_failures", "delivered", "failed", "backed_out",
                                 "expired", "since"}
-        stop = subprocess.run([sys.executable, "-m", "mdbcontainer", "port", "stop", "Work",
-                               "-c", str(settings)], capture_output=True, text=True, cwd=ROOT)
+        stop = mdb("port", "stop", "Work", settings=settings, env=backend.env)
         assert stop.returncode == 0, stop.stderr
         for replica in (one, two):
             wait_for(lambda r=replica: (r.port_state("Work") or {}).get("state") == "stopped",
@@ -114,8 +136,8 @@ def test_port_stop_and_start_act_on_every_replica(backend: Backend) -> None:
             producer.send(queue, {"n": 1}, message_id="while-stopped")
         time.sleep(1)
         assert backend.effects() == {}, "a stopped port consumes nothing"
-        subprocess.run([sys.executable, "-m", "mdbcontainer", "port", "start", "Work",
-                        "-c", str(settings)], check=True, capture_output=True, cwd=ROOT)
+        start = mdb("port", "start", "Work", settings=settings, env=backend.env)
+        assert start.returncode == 0, start.stderr
         wait_for(lambda: backend.effects() == {"while-stopped": 1}, timeout=5, what="restart")
         for replica in (one, two):
             wait_for(lambda r=replica: r.port_state("Work")["state"] == "started", timeout=5,
@@ -155,8 +177,7 @@ def test_database_unreachable_at_start_is_retried_and_cli_says_so_in_one_line(ba
         assert container.terminate() == 0
     finally:
         container.kill()
-    result = subprocess.run([sys.executable, "-m", "mdbcontainer", "ports", "-c", str(settings)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    result = mdb("ports", settings=settings, env=backend.env)
     assert result.returncode == 1
     assert result.stderr.startswith("mdb: error: database: OperationalError")
     assert len(result.stderr.strip().splitlines()) == 1 and ":pw@" not in result.stderr
@@ -177,3 +198,65 @@ def test_a_bean_that_raised_is_discarded_and_replaced(backend: Backend) -> None:
     events = events_file.read_text().splitlines()
     assert events == ["setup 1", "message 1 a", "message 1 b", "teardown 1",
                       "setup 2", "message 2 c", "teardown 2"]
+
+
+@pytest.mark.rabbitmq
+def test_a_refused_login_is_an_outage_mdb_run_retries_not_a_port_failure(rabbit: Backend) -> None:
+    """A wrong password is waited out like an unreachable broker, not a consumer error that stops
+    the port for the whole fleet (and keeps it stopped after the password is fixed)."""
+    queue = rabbit.q("Q")
+    bad = RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw")
+    settings = rabbit.write(ports={"Work": {"destination": queue}}, broker_url=bad)
+    with rabbit.container(settings).start(wait=False) as container:
+        wait_for(lambda: "broker unavailable" in container.output(), what="the outage line")
+        assert "ACCESS_REFUSED" in container.output()
+        assert container.alive()
+    assert "consumer error" not in container.output()
+    assert "s3cret-pw" not in container.output()
+    with rabbit.engine.connect() as conn:
+        rows = conn.execute(text(f'SELECT name, state FROM "{rabbit.schema}".mdb_port')).all()
+    assert rows == [], "no fleet-wide stop was written"
+
+
+def test_port_start_while_a_stopped_port_still_finishes_a_long_delivery(backend: Backend) -> None:
+    """Contract 4: ``mdb port start NAME`` starts a stopped port again. A request made while
+    another consumer still finishes a long delivery (over the control loop's 5 s join) must
+    start the port once that delivery ends, not be forgotten."""
+    queue = backend.q("Q")
+    settings = backend.write(ports={"Work": {"destination": queue, "concurrency": 2,
+                                             "prefetch": 1}},
+                             queues={queue: {"backout_threshold": 1}})
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "sleep", "seconds": 9}, message_id="slow")
+            wait_for(lambda: [a for a in backend.attempts() if a[1] == "slow"], what="slow start")
+            producer.send(queue, {"n": 2, "action": "fail"}, message_id="poison")
+        wait_for(lambda: (container.port_state("Work") or {}).get("state") == "stopped",
+                 what="the port to stop")
+        assert "slow" not in backend.effects(), "the long delivery is still running"
+        assert mdb("port", "start", "Work", settings=settings, env=backend.env).returncode == 0
+        wait_for(lambda: (container.port_state("Work") or {}).get("state") == "started",
+                 timeout=30, what="the port to start after the long delivery")
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1,
+                 what="the poison message backed out after the restart")
+    assert backend.effects() == {"slow": 1}
+
+
+def test_a_bean_whose_teardown_raises_still_fails_with_its_own_error() -> None:
+    """Contract 1: a bean that raised is discarded (teardown) and replaced. A teardown that
+    raises too must not replace the handler's error (the one x-mdb-exception reports)."""
+    from mdbcontainer.handlers import HandlerSpec, Invoker
+
+    class Bean:
+        def on_message(self, message: object, ctx: object) -> None:
+            raise RuntimeError("the handler's own error")
+
+        def teardown(self) -> None:
+            raise OSError("teardown failed too")
+
+    invoker = Invoker.for_spec(HandlerSpec("P", Bean, {}))
+    with pytest.raises(RuntimeError, match="the handler's own error"):
+        invoker("body", None)
+    invoker._bean = Bean()
+    invoker.discard()  # at shutdown: logged, not raised out of the consumer thread
+    assert invoker._bean is None

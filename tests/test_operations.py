@@ -7,7 +7,6 @@ reason, a log stack parses JSON lines, a person runs the CLI.
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import logging
@@ -19,9 +18,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mdbcontainer.logs import JsonFormatter, MaskingFilter, TextFormatter
 from mdbcontainer.producer import Outgoing, outgoing
-from mdbcontainer.testing import wait_for
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import mdb, wait_for
+from tests.chaos.faults import disruptive_lock
+from tests.conftest import ROOT, Backend, rabbitmqctl
 
 pytestmark = pytest.mark.slow
 
@@ -69,13 +66,6 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def deliveries(samples: dict[Any, float], port: str) -> dict[str, float]:
     return {o: samples.get(("mdb_deliveries_total", (("outcome", o), ("port", port))), -1.0)
             for o in OUTCOMES}
-
-
-def mdb(*args: str, settings: Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-        capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT, timeout=timeout,
-    )
 
 
 def stale_message(queue: str, message_id: str) -> Outgoing:
@@ -229,21 +219,6 @@ def test_readyz_fails_while_rabbitmq_is_stopped_and_recovers(rabbit: Backend) ->
     assert "guest:guest" not in output
 
 
-@contextmanager
-def disruptive_lock() -> Iterator[None]:
-    """The machine-wide lock every run that stops a service holds (tests/chaos takes it too)."""
-    with open("/tmp/mdb-disruptive.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def rabbitmqctl(command: str) -> None:
-    subprocess.run(["rabbitmqctl", command], check=True, capture_output=True, timeout=120)
-
-
 def amqp_accepts() -> bool:
     import kombu
 
@@ -353,7 +328,7 @@ def test_watch_draws_states_rates_failures_and_backlog(backend: Backend) -> None
     assert "mdb ports --watch" in out and "msg/s" in out and "backlog" in out
     bean = next(line for line in out.splitlines() if f" {other} " in line)
     assert "stopped" in bean and "maximum retries (0) exceeded" in bean
-    assert bean.split("│")[10].strip() == "2", "the poison message and the one behind it wait"
+    assert bean.split("│")[11].strip() == "2", "the poison message and the one behind it wait"
     work = next(line for line in out.splitlines() if f" {queue} " in line)
     assert "started" in work
     assert f"backout queues: {backend.q('DLQ')} 0" in out
@@ -432,3 +407,44 @@ def test_readiness_counts_ports_stopped_as_configured_as_ready() -> None:
                                 stopping=True)) == ["port Work stopped: maximum retries (0) exceeded"]
     assert readiness(_container([_consumer()], outages={"database": (12.4, "OperationalError: gone")})) == [
         "database unavailable for 12s: OperationalError: gone"]
+
+
+# -- mdb ports: the table says what --json says ------------------------------------------------------
+
+
+def test_ports_table_agrees_with_json_and_shows_a_skipped_duplicate(backend: Backend) -> None:
+    queue = backend.q("ORDERS")
+    settings = backend.write(ports={"Work": {"destination": queue, "accept": ["application/json"]}})
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1}, message_id="twice")
+        producer.send(queue, {"n": 1}, message_id="twice")  # a producer's duplicate
+        producer.send(queue, "plain words", message_id="not-json")  # invalid body: backed out
+    with backend.container(settings) as container:
+        def counts() -> tuple[Any, Any]:
+            row = container.port_state("Work") or {}
+            return row.get("duplicate_skipped"), row.get("invalid_body")
+
+        wait_for(lambda: counts() == (1, 1), what="one handled, one duplicate, one invalid body")
+        [row] = json.loads(mdb("ports", "--json", settings=settings, env=backend.env).stdout)
+        wide = mdb("ports", settings=settings, env={**backend.env, "COLUMNS": "250"})
+        narrow = mdb("ports", settings=settings, env={**backend.env, "COLUMNS": "80"})
+        log = container.output()
+    assert (row["handled"], row["duplicate_skipped"], row["backed_out"], row["invalid_body"]) == (1, 1, 0, 1)
+
+    header, line = wide.stdout.splitlines()
+    columns = ["delivered", "handled", "duplicate", "failed", "backed out", "invalid body", "expired"]
+    fields = ["delivered", "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body",
+              "expired"]
+    for column, field in zip(columns, fields, strict=True):
+        end = header.index(column) + len(column)  # numbers are right-aligned under their header
+        assert line[:end].split()[-1] == str(row[field]), (column, wide.stdout)
+
+    lines = narrow.stdout.splitlines()
+    assert all(len(text) <= 80 for text in lines), narrow.stdout
+    assert "handled" in lines[0] and "duplicate" in lines[0], "the dedup step is visible in 80 columns"
+    assert "(left out to fit 80 columns: " in narrow.stdout
+
+    skipped = [text for text in log.splitlines() if "duplicate_skipped" in text]
+    assert len(skipped) == 1, log
+    assert "port Work: duplicate_skipped: message twice" in skipped[0]
+    assert " INFO " in skipped[0]

@@ -6,36 +6,20 @@ listener port's Maximum retries and the queue's backout threshold.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from mdbcontainer.testing import wait_for
-from tests.conftest import ROOT, Backend
+from mdbcontainer.testing import headers_of, mdb, wait_for
+from tests.conftest import Backend
 
 pytestmark = pytest.mark.slow
-
-
-def mdb(*args: str, settings: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would, from a second process."""
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-        capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT, timeout=60,
-    )
 
 
 def send_all(backend: Backend, settings: Path, queue: str, bodies: list[tuple[str, dict]]) -> None:
     with backend.producer(settings) as producer:
         for message_id, body in bodies:
             producer.send(queue, body, message_id=message_id)
-
-
-def headers_of(message) -> dict:
-    return dict(message.headers or message.properties.get("application_headers") or {})
 
 
 def test_defaults_stop_the_port_at_each_failure_and_back_out_after_five(backend: Backend) -> None:
@@ -93,7 +77,8 @@ def test_max_retries_at_threshold_never_stops_and_delivers_poison_exactly_five_t
         wait_for(lambda: len(backend.effects()) == 4, what="good messages")
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
         assert container.port_state("Work")["state"] == "started"
-        assert container.port_state("Work")["backed_out"] == 1
+        wait_for(lambda: container.port_state("Work")["backed_out"] == 1, timeout=5,
+                 what="the backout in the port's figures (written each control_interval)")
     poison = [a for a in backend.attempts() if a[1] == "poison"]
     assert [a[3] for a in poison] == [0, 1, 2, 3, 4]
     assert set(backend.effects().values()) == {1}
@@ -140,7 +125,8 @@ def test_handler_choices_move_and_discard(backend: Backend) -> None:
         ("moved", {"n": 1, "action": "move", "to": elsewhere}), ("kept", {"n": 2}),
     ])
     with backend.container(settings):
-        wait_for(lambda: backend.probe(settings).count(elsewhere) == 1, what="move_to")
+        probe = backend.probe(settings)  # the move declares the queue
+        wait_for(lambda: probe.exists(elsewhere) and probe.count(elsewhere) == 1, what="move_to")
         wait_for(lambda: "kept" in backend.effects(), what="next message")
     moved = backend.probe(settings).take_all(elsewhere)[0]
     assert moved.properties["message_id"] == "moved"

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import itertools
 
-import kombu
 import pytest
 
 from mdbcontainer.testing import wait_for
-from tests.conftest import RABBITMQ_URL, Backend
+from tests.conftest import Backend, rabbitmqctl
 
 pytestmark = pytest.mark.slow
 
@@ -47,9 +46,9 @@ def test_quorum_queue_counts_and_backs_out(rabbit: Backend) -> None:
         wait_for(lambda: rabbit.probe(settings).count(rabbit.q("DLQ")) == 1, what="backout")
         wait_for(lambda: "good" in rabbit.effects(), what="the good message")
     assert [a[3] for a in rabbit.attempts() if a[1] == "poison"] == [0, 1, 2]
-    with kombu.Connection(RABBITMQ_URL) as conn:
-        declared = conn.channel().queue_declare(queue=queue, passive=True)
-        assert declared.queue == queue
+    listed = rabbitmqctl("list_queues", "--quiet", "--no-table-headers", "name", "type")
+    types = dict(line.split("\t")[:2] for line in listed.splitlines() if "\t" in line)
+    assert types[queue] == "quorum", "declared with x-queue-type = quorum"
     [dead] = rabbit.probe(settings).take_all(rabbit.q("DLQ"))
     assert dict(dead.headers)["x-mdb-redelivery-count"] == 3
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 
 import kombu
 import pytest
 
-from mdbcontainer.testing import wait_for
-from tests.conftest import ROOT, Backend, require
+from mdbcontainer.testing import mdb, wait_for
+from tests.conftest import Backend, require
 
 pytestmark = pytest.mark.slow
 
@@ -104,25 +102,35 @@ def test_passwords_never_appear_in_any_output(rabbit: Backend) -> None:
         database_url=f"postgresql+psycopg://postgres:{PG_PASSWORD}@127.0.0.1:5432/test",
         connect_timeout="2s",
     )
-    env = {**os.environ, **rabbit.env}
 
-    def mdb(*args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-                                capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    def output_of(*args: str) -> str:
+        result = mdb(*args, settings=settings, env=rabbit.env)
         return result.stdout + result.stderr
 
-    outputs = [mdb("check")]
+    outputs = [output_of("check")]
     with rabbit.container(settings) as container:
-        outputs.append(mdb("send", queue, '{"n": 1, "action": "fail"}'))
+        outputs.append(output_of("send", queue, '{"n": 1, "action": "fail"}'))
         wait_for(lambda: (container.port_state("Work") or {}).get("state") == "stopped",
                  what="the port to stop on the failure")
-        outputs += [mdb("ports"), mdb("ports", "--json"), mdb("dlq", "list")]
+        outputs += [output_of("ports"), output_of("ports", "--json"), output_of("dlq", "list")]
     outputs.append(container.output())
     bad_broker = settings.read_text().replace("127.0.0.1:5672", "127.0.0.1:1")
     settings.write_text(bad_broker)
-    outputs.append(mdb("send", queue, "{}"))
+    outputs.append(output_of("send", queue, "{}"))
     everything = "\n".join(outputs)
     assert "RuntimeError: poison message 1" in everything, "the outputs were captured"
     assert RABBIT_PASSWORD not in everything
     assert PG_PASSWORD not in everything
     assert f"{RABBIT_USER}:***@" in everything
+
+
+def test_the_exception_kept_in_x_mdb_exception_masks_passwords() -> None:
+    """Contract 3: secrets never appear in errors; x-mdb-exception is printed by mdb dlq show."""
+    from mdbcontainer.counts import exception_text
+
+    try:
+        raise RuntimeError("cannot reach https://svc:hunter2@api.example/ (password=hunter2)")
+    except RuntimeError as exc:
+        text = exception_text(exc)
+    assert "hunter2" not in text
+    assert "RuntimeError: cannot reach https://svc:***@api.example/" in text

@@ -16,6 +16,8 @@ from mdbcontainer.settings import (
     parse_duration,
     settings_from_dict,
 )
+from mdbcontainer.testing import mdb, write_settings
+from tests.conftest import CHILD_ENV, one_line_error
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -163,9 +165,129 @@ def test_inline_defaults_are_overridden_key_by_key() -> None:
     assert binding.settings.max_retries == 3  # from TOML
 
 
+def test_an_error_from_an_environment_variable_names_the_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, '[ports.PayPort]\ndestination = "PAY"\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, environ={"MDB_PORTS__PAYPORT__MAX_RETRIE": "3"})
+    assert str(err.value) == (
+        "environment variable MDB_PORTS__PAYPORT__MAX_RETRIE: ports.PayPort.max_retrie: "
+        "unknown key 'max_retrie'. Did you mean 'max_retries'?"
+    )
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, environ={"MDB_CONTAINER__CONTROL_INTERVAL": "often"})
+    assert str(err.value).startswith(
+        "environment variable MDB_CONTAINER__CONTROL_INTERVAL: container.control_interval: 'often'"
+    )
+    # A fault in the file is still the file's, whatever else the environment overrides.
+    path.write_text('[ports.PayPort]\ndestination = "PAY"\nprefetch = "x"\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, environ={"MDB_PORTS__PAYPORT__MAX_RETRIES": "3"})
+    assert str(err.value).startswith(f"{path}: ports.PayPort.prefetch: ")
+
+
+def test_a_combination_the_environment_made_names_file_and_variable(tmp_path: Path) -> None:
+    from mdbcontainer.container import bind
+
+    path = write(tmp_path, '[container]\nlisteners = ["tests.apps.work"]\n'
+                           '[ports.Work]\ndestination = "W"\nonce_only = true\n')
+    settings = load_settings(path, environ={"MDB_PORTS__WORK__TRANSACTION": "none"})
+    with pytest.raises(SettingsError) as err:
+        bind(settings)
+    assert str(err.value).startswith(f"{path} with MDB_PORTS__WORK__TRANSACTION: ports.Work: once_only")
+
+
+def test_a_missing_listener_module_names_the_settings_file(tmp_path: Path) -> None:
+    from mdbcontainer.container import bind
+
+    path = write(tmp_path, '[container]\nlisteners = ["listeners.nope"]\n')
+    with pytest.raises(ListenerError) as err:
+        bind(load_settings(path, environ={}))
+    assert str(err.value) == (
+        f"{path}: container.listeners: listener module 'listeners.nope' not found (is it on the path?)"
+    )
+
+
+def test_a_misspelled_port_in_a_decorator_gets_a_did_you_mean(tmp_path: Path) -> None:
+    from mdbcontainer.container import bind
+
+    module = f"pay_{tmp_path.name.replace('-', '_')}"  # unique: never a cached module of another test
+    (tmp_path / f"{module}.py").write_text(
+        "from mdbcontainer import message_driven\n\n"
+        '@message_driven("PayPrt")\ndef charge(body: dict, ctx: object) -> None:\n    pass\n'
+    )
+    path = write(tmp_path, f'[container]\nlisteners = ["{module}"]\n[ports.PayPort]\ndestination = "PAY"\n')
+    with pytest.raises(ListenerError) as err:
+        bind(load_settings(path, environ={}))
+    assert str(err.value).endswith(
+        f". Did you mean @message_driven('PayPort') in {module}:charge, which says 'PayPrt'?"
+    )
+    path.write_text(f'[container]\nlisteners = ["{module}"]\n[ports.Refunds]\ndestination = "R"\n')
+    with pytest.raises(ListenerError) as err:
+        bind(load_settings(path, environ={}))
+    assert "Did you mean" not in str(err.value)  # nothing close: no guess
+
+
 @pytest.mark.parametrize("url", ["memory://", "redis://127.0.0.1:6379/0"])
 def test_a_broker_url_no_behaviour_test_runs_on_is_refused(tmp_path: Path, url: str) -> None:
     """memory:// was accepted once, but it does not flag redeliveries and nothing tested it."""
     path = write(tmp_path, f'[container]\nbroker_url = "{url}"\n')
     with pytest.raises(SettingsError, match=r"container.broker_url: .*is not a broker this package runs on"):
         load_settings(path, environ={})
+
+
+# -- as ``mdb`` reports them ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("queues", [{}, {"DLQ": {"backout_queue": "DLQ"}}])
+def test_a_port_whose_queue_is_its_own_backout_queue_is_a_settings_error(
+    tmp_path: Path, queues: dict[str, object],
+) -> None:
+    """A port that reads the backout queue (a DLQ processor) would back a failing message out
+    onto the queue it reads, where it fails again, for ever: contract 3 makes such
+    contradictory combinations settings errors (exit 2, one line)."""
+    settings = write_settings(tmp_path / "settings.toml", {
+        "container": {
+            "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+            "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "listeners": ["tests.apps.work"], "dead_letter_queue": "DLQ",
+        },
+        "queues": queues,
+        "ports": {"Work": {"destination": "DLQ"}},
+    })
+    for verb in ("check", "run"):
+        result = mdb(verb, settings=settings, env=CHILD_ENV)
+        line = one_line_error(result)
+        assert result.returncode == 2, result.stderr
+        assert "ports.Work" in line and "backout" in line
+    ok = settings.read_text() + '\n[queues.DLQ]\nbackout_threshold = 0\n' if not queues else None
+    if ok:
+        settings.write_text(ok)
+        assert mdb("check", settings=settings, env=CHILD_ENV).returncode == 0, "threshold 0: nothing backed out"
+
+
+def test_a_control_interval_of_zero_is_a_settings_error(tmp_path: Path) -> None:
+    """A zero interval made the control loop poll the database without pause (a busy loop)."""
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "listeners": ["tests.apps.work"], "control_interval": "0s",
+    }, "ports": {"Work": {"destination": "WORK"}}})
+    result = mdb("check", settings=settings, env=CHILD_ENV)
+    line = one_line_error(result)
+    assert result.returncode == 2
+    assert "container.control_interval" in line
+
+
+def test_a_broker_url_of_no_supported_kind_is_a_settings_error(tmp_path: Path) -> None:
+    """mdb check said ok and mdb send ended in a KeyError traceback ('No such transport')."""
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": "rabbit://guest:s3cret-pw@127.0.0.1//",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "listeners": ["tests.apps.work"],
+    }, "ports": {"Work": {"destination": "WORK"}}})
+    for args in (("check",), ("send", "Q", "{}")):
+        result = mdb(*args, settings=settings, env=CHILD_ENV)
+        line = one_line_error(result)
+        assert result.returncode == 2
+        assert "container.broker_url" in line and "amqp://" in line
+        assert "s3cret-pw" not in result.stderr

@@ -16,7 +16,7 @@ from sqlalchemy import exc as sa_exc
 
 from mdbcontainer.broker import Broker
 from mdbcontainer.store import Tables
-from mdbcontainer.testing import wait_for
+from mdbcontainer.testing import headers_of, wait_for
 from mdbcontainer.transactions import is_infrastructure
 from tests.conftest import Backend
 
@@ -33,10 +33,6 @@ def send_all(backend: Backend, settings: Path, queue: str, bodies: list[tuple[st
     with backend.producer(settings) as producer:
         for message_id, body in bodies:
             producer.send(queue, body, message_id=message_id)
-
-
-def headers_of(message: Any) -> dict[str, Any]:
-    return dict(message.headers or message.properties.get("application_headers") or {})
 
 
 def counts_of(backend: Backend, message_id: str) -> list[int]:
@@ -98,9 +94,10 @@ def test_set_rollback_only_discards_the_work_and_the_sends_and_redelivers(backen
         ("undone", {"n": 1, "action": "send", "to": out, "then": "rollback"}),
         ("done", {"n": 2, "action": "send", "to": out}),
     ])
+    probe = backend.probe(settings)  # the handler's send declares ``out``
     with backend.container(settings):
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
-        wait_for(lambda: backend.probe(settings).count(out) == 1, what="the committed send")
+        wait_for(lambda: probe.exists(out) and probe.count(out) == 1, what="the committed send")
     assert counts_of(backend, "undone") == [0, 1]
     assert backend.effects() == {"done": 1}
     assert [m.properties["message_id"] for m in backend.probe(settings).take_all(out)] == ["done.out"]
@@ -117,9 +114,10 @@ def test_an_exception_rolls_back_the_bean_managed_transaction(backend: Backend) 
         ("undone", {"n": 1, "action": "send", "to": out, "then": "fail"}),
         ("done", {"n": 2, "action": "send", "to": out}),
     ])
+    probe = backend.probe(settings)  # the handler's send declares ``out``
     with backend.container(settings):
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
-        wait_for(lambda: backend.probe(settings).count(out) == 1, what="the committed send")
+        wait_for(lambda: probe.exists(out) and probe.count(out) == 1, what="the committed send")
     # The handler ran again on the redelivery: its dedup mark was rolled back too.
     assert counts_of(backend, "undone") == [0, 1]
     assert backend.effects("Bean") == {"done": 1}
@@ -140,8 +138,9 @@ def test_not_supported_runs_without_a_session_and_sends_at_once(backend: Backend
     # Work's handler does without a session; Downstream's asks ctx.session for one.
     send_all(backend, settings, plain, [("plain", {"n": 1, "action": "send", "to": out})])
     send_all(backend, settings, needs_session, [("session", {"n": 2})])
+    probe = backend.probe(settings)  # the handler's send declares ``out``
     with backend.container(settings):
-        wait_for(lambda: backend.probe(settings).count(out) == 1, what="the send")
+        wait_for(lambda: probe.exists(out) and probe.count(out) == 1, what="the send")
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
     assert counts_of(backend, "plain") == [0], "handled once, not redelivered"
     assert backend.effects() == {}, "no transaction, no row"
@@ -249,3 +248,37 @@ def test_postgres_errors_are_classified_by_sqlstate() -> None:
         assert is_infrastructure(deadlock.value), "a deadlock passes on retry"
     finally:
         engine.dispose()
+
+
+def test_an_outbox_send_to_a_topic_nobody_subscribes_leaves_and_is_dropped(backend: Backend) -> None:
+    """Contract 4: a publish to a topic is confirmed, not mandatory: with no subscription the
+    message is dropped. The outbox must not keep it because the topic was never declared."""
+    queue, topic = backend.q("Q"), backend.q("events")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}},
+                             topics={topic: {}})
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "send", "to": topic}, message_id="m1")
+        wait_for(lambda: backend.effects() == {"m1": 1}, what="the handler's work")
+        wait_for(lambda: outbox_backlog(backend) == 0, timeout=10, what="the outbox row to leave")
+        output = container.output()
+    assert "deferred" not in output and "not published" not in output, output
+
+
+def test_a_handler_sql_error_is_a_failed_delivery_not_a_database_outage(backend: Backend) -> None:
+    """Contract 4: the handler raised, so the delivery failed and counts. SQLite reports a
+    missing table as OperationalError, the class of lost connections; it must not be
+    waited out as an outage forever, never counted and never backed out."""
+    queue = backend.q("Q")
+    settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 2}})
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"action": "badsql"}, message_id="bad")
+        wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, timeout=15,
+                 what="the message backed out after two failed deliveries")
+        output = container.output()
+    assert "database unavailable" not in output, output
+    assert [a[3] for a in backend.attempts()] == [0, 1]
+    dead = backend.probe(settings).take_all(backend.q("DLQ"))
+    assert "no_such_table" in dict(dead[0].headers)["x-mdb-exception"]

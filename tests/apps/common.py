@@ -2,7 +2,9 @@
 
 Actions: ok, fail (raise), rollback (set_rollback_only), kill (SIGKILL this
 process), move (ctx.move_to body["to"]), send (ctx.send body["to"]),
-constraint (violate a unique key at commit), sleep (body["seconds"]).
+constraint (violate a unique key at commit), sleep (body["seconds"]), badsql
+(SQL naming a table that does not exist: a bug in the handler, not a database
+outage).
 An optional ``"then"`` runs after the action: ``"rollback"``
 (set_rollback_only) or ``"fail"`` (raise), so work and sends made by the
 action are discarded with the transaction.
@@ -20,7 +22,7 @@ import signal
 import time
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint
+from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, text
 
 from mdbcontainer import Message, MessageContext
 
@@ -68,6 +70,8 @@ def perform(port: str, message: Message, ctx: MessageContext, session: Any | Non
         session.execute(effects.insert().values(port=port, message_id=message.id, n=body.get("n")))
         if action == "constraint":
             session.execute(unique_keys.insert().values(key="always-the-same"))
+        if action == "badsql":
+            session.execute(text("INSERT INTO no_such_table (n) VALUES (1)"))
     if action == "send":
         ctx.send(body["to"], {"n": body.get("n"), "action": "ok"}, message_id=f"{message.id}.out")
     if action == "rollback":

@@ -101,15 +101,3 @@ def records(log_path: Any) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
-
-def run_mdb(*args: str, settings: Any, env: dict[str, str]) -> Any:
-    """``mdb ARGS -c SETTINGS`` in a second process, as a user runs it."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    return subprocess.run(
-        [sys.executable, "-m", "mdbcontainer", *args, "-c", str(settings)],
-        capture_output=True, text=True, env={**os.environ, **env}, cwd=root, timeout=60,
-    )

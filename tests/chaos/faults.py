@@ -24,17 +24,11 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
+from tests.conftest import rabbitmqctl
+
 ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 AMQP_PORT = 5672
 LOCK = Path("/tmp/mdb-disruptive.lock")
-
-
-def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:
-    """Run ``rabbitmqctl`` and return its output; a failure raises with its stderr."""
-    done = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {done.stderr.strip() or done.stdout}")
-    return done.stdout
 
 
 def broker_ports_of(pid: int) -> set[int]:
