@@ -435,8 +435,9 @@ def describe_error(source: str, exc: ValidationError, overrides: Overrides | Non
         where = ".".join(loc) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
         key, _, rest = message.partition(": ")
-        if not loc and rest and key in PortSettings.model_fields:  # a rule about one key names it
-            where, message = key, rest
+        if loc == prefix and rest and key in PortSettings.model_fields:  # a rule about one key names it
+            loc, message = (*loc, key), rest
+            where = ".".join(loc)
         if error["type"] == "extra_forbidden":
             message = f"unknown key '{loc[-1]}'"
             close = difflib.get_close_matches(loc[-1], _known_keys(loc[len(prefix):]), n=1)
