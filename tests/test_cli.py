@@ -200,7 +200,7 @@ def test_public_api_is_pinned() -> None:
     import mdbcontainer
 
     assert sorted(mdbcontainer.__all__) == sorted([
-        "BrokerError", "BrokerUnavailable", "DlqError", "ListenerError", "MdbError", "Message",
+        "BatchContext", "BrokerError", "BrokerUnavailable", "DlqError", "ListenerError", "MdbError", "Message",
         "MessageContext", "NoReplyTo", "Producer", "PublishError", "QueueUnavailable",
         "RequestTimeout", "Settings", "SettingsError", "SubscriptionInUse", "TransactionError",
         "Unroutable", "load_settings", "message_driven",
