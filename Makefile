@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 ## run the container on the embedded broker with the sample listeners
+## (Ctrl-C: the container stops cleanly and exits 0, but make dies of the same SIGINT
+## and reports status 130; make gives a terminal's Ctrl-C no way around that)
 run: $(STAMP)
 	$(BIN)/mdb run -c settings.example.toml
 

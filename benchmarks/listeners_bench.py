@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import Column, Integer, MetaData, String, Table, event
 from sqlalchemy.pool import Pool
 
-from mdbcontainer import Message, MessageContext, message_driven
+from mdbcontainer import BatchContext, Message, MessageContext, message_driven
 
 _trace_ids = itertools.count()
 _trace_files: list[Any] = []
@@ -79,10 +79,10 @@ class Clock:
             self.profiler = cProfile.Profile()
             self.profiler.enable()
 
-    def tick(self) -> None:
+    def tick(self, handled: int = 1) -> None:
         """Called as a handler finishes its work (the container commits and acks after it)."""
-        self.count += 1
-        if self.count != self.target or not self.stamp:
+        before, self.count = self.count, self.count + handled
+        if not before < self.target <= self.count or not self.stamp:
             return
         elapsed, cpu = time.perf_counter() - self.first, time.thread_time() - self.first_cpu
         if self.profiler is not None:
@@ -114,6 +114,61 @@ def on_once(message: Message, ctx: MessageContext) -> None:
         clock.start()
     ctx.session.execute(effects.insert().values(message_id=message.id, n=work(message.body)))
     clock.tick()
+
+
+@message_driven("BenchOnceBatched")
+def on_once_batched(message: Message, ctx: MessageContext) -> None:
+    """The same per-message handler as ``BenchOnce``, on a port with ``batch_size = 100``."""
+    if clock.count == 0:
+        clock.start()
+    ctx.session.execute(effects.insert().values(message_id=message.id, n=work(message.body)))
+    clock.tick()
+
+
+@message_driven("BenchBatch", batch=True)
+def on_batch(messages: list[Message], ctx: BatchContext) -> None:
+    """A batch handler, once-only CMT: one bulk insert of the whole batch's rows."""
+    if clock.count == 0:
+        clock.start()
+    ctx.session.execute(bulk_insert(), {"ids": [m.id for m in messages],
+                                        "ns": [work(m.body) for m in messages]})
+    latency.observe(messages)
+    clock.tick(len(messages))
+
+
+_bulk: list[Any] = []
+
+
+def bulk_insert() -> Any:
+    """One INSERT of the whole batch's rows from two arrays (PostgreSQL ``unnest``), built once:
+    an executemany would send a statement per row, and a multi-row VALUES compiles per call."""
+    if not _bulk:
+        from sqlalchemy import text
+
+        table = f'"{effects.schema}".bench_effects' if effects.schema else "bench_effects"
+        _bulk.append(text(f"INSERT INTO {table} (message_id, n) "
+                          "SELECT * FROM unnest(CAST(:ids AS varchar[]), CAST(:ns AS integer[]))"))
+    return _bulk[0]
+
+
+class Latency:
+    """``BENCH_LATENCY=FILE``: per message, now minus the ``sent`` epoch in its body, as the
+    batch handler runs (so it includes the linger, not the commit that follows)."""
+
+    def __init__(self) -> None:
+        self.path = os.environ.get("BENCH_LATENCY", "")
+        self.samples: list[float] = []
+
+    def observe(self, messages: list[Message]) -> None:
+        if not self.path:
+            return
+        now = time.time()
+        self.samples += [now - float(m.body["sent"]) for m in messages if "sent" in m.body]
+        if len(self.samples) >= clock.target:
+            Path(self.path).write_text("\n".join(f"{x:.6f}" for x in self.samples))
+
+
+latency = Latency()
 
 
 # -- reading the traces (in the harness) -----------------------------------------------

@@ -7,15 +7,19 @@ backout queue, stops a port after its maximum retries, and keeps a dedup
 table so each message's database work commits once.
 """
 
-from .context import MessageContext
+from .context import BatchContext, MessageContext
 from .errors import (
     BrokerError,
     BrokerUnavailable,
+    DlqError,
     ListenerError,
     MdbError,
+    NoReplyTo,
     PublishError,
+    QueueUnavailable,
     RequestTimeout,
     SettingsError,
+    SubscriptionInUse,
     TransactionError,
     Unroutable,
 )
@@ -25,17 +29,22 @@ from .producer import Producer
 from .settings import Settings, load_settings
 
 __all__ = [
+    "BatchContext",
     "BrokerError",
     "BrokerUnavailable",
+    "DlqError",
     "ListenerError",
     "MdbError",
     "Message",
     "MessageContext",
+    "NoReplyTo",
     "Producer",
     "PublishError",
+    "QueueUnavailable",
     "RequestTimeout",
     "Settings",
     "SettingsError",
+    "SubscriptionInUse",
     "TransactionError",
     "Unroutable",
     "load_settings",

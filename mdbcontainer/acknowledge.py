@@ -116,6 +116,17 @@ class Acknowledger:
         """The delivery is done (its work committed): acknowledge it, now or later."""
         delivery.ack()
 
+    def settle_many(self, deliveries: list[Delivery]) -> None:
+        """A batch is done (its work committed): one ``basic.ack`` with ``multiple`` on its last.
+
+        The batch's deliveries are the channel's only unsettled ones up to the
+        last: everything delivered before them was settled when its fate was
+        decided (expired, a duplicate, backed out, failed, handed back), so the
+        one acknowledgment covers exactly the batch. Only ``auto`` batches.
+        """
+        if deliveries:
+            deliveries[-1].ack(multiple=True)
+
     def discard(self, delivery: Delivery) -> None:
         """The message leaves its queue unprocessed (expired, a duplicate, backed out): now."""
         delivery.ack()
@@ -143,6 +154,10 @@ class Acknowledger:
         """The channel is closing or lost: the broker requeues what is held; record it as handed back."""
         held, self._held = self._held, []
         self._record_hand_back([message_id for _, message_id in held])
+
+    def record_hand_back(self, ids: list[str]) -> None:
+        """Record deliveries the broker requeues unprocessed (a lost channel), so they do not count."""
+        self._record_hand_back(ids)
 
     def _record_hand_back(self, ids: list[str]) -> None:
         if not ids:

@@ -1,4 +1,4 @@
-"""``mdb check``'s advice on poison-message settings, in words (seed 000's advice)."""
+"""``mdb check``'s advice on poison-message and cluster settings, in words (seed 000's advice)."""
 
 from __future__ import annotations
 
@@ -30,4 +30,19 @@ def warnings_for(settings: Settings, bindings: list[Binding]) -> list[str]:
                 f"(mdb port start {binding.name}) for each failure up to the threshold. "
                 "Set max_retries >= backout_threshold to back poison out without stopping"
             )
+        lines += _classic_backout(settings, queue, where)
     return lines
+
+
+def _classic_backout(settings: Settings, queue: str, where: str) -> list[str]:
+    """A quorum queue survives a node's death; a classic backout queue beside it does not."""
+    if not queue or not settings.queue(queue).quorum:
+        return []
+    backout = settings.backout_queue_for(queue)
+    if settings.queue(backout).quorum:
+        return []
+    return [
+        f"{where}: quorum queue {queue!r} backs out to {backout!r}, a classic queue: while the "
+        f"node holding {backout!r} is down, poison messages cannot be moved and wait on {queue!r}. "
+        f"Set [queues.\"{backout}\"] quorum = true"
+    ]

@@ -8,6 +8,7 @@ Every command takes ``-c/--config FILE`` (else ``$MDB_SETTINGS``, else
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -15,33 +16,75 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperCommand
+
+try:  # recent typer vendors click; before, it used click itself
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover
+    from click.exceptions import (  # type: ignore[import-not-found,no-redef]
+        ClickException,
+        NoArgsIsHelpError,
+    )
 from sqlalchemy.exc import SQLAlchemyError
 
-from .errors import ListenerError, MdbError, SettingsError
+from .errors import MdbError
 from .logs import setup_logging
 from .settings import Settings, load_settings, mask_url
+
+# One help style for every command: ``-h`` is ``--help`` (click hands the setting down to
+# every subcommand's context); placeholders are UPPERCASE (``--ttl DURATION``, ``QUEUE``);
+# plain click layout, where a flag carries no value label and the help fits 80 columns.
+STYLE: dict[str, Any] = {
+    "no_args_is_help": True,
+    "context_settings": {"help_option_names": ["-h", "--help"]},
+    "rich_markup_mode": None,
+}
 
 app = typer.Typer(
     name="mdb",
     help="Run and operate message-driven handlers behind listener ports.",
-    no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    **STYLE,
 )
-port_app = typer.Typer(help="Start or stop a listener port in the running containers.",
-                       no_args_is_help=True)
-dlq_app = typer.Typer(help="Browse, replay and purge backout queues.", no_args_is_help=True)
-dedup_app = typer.Typer(help="Maintain the dedup table.", no_args_is_help=True)
+
+
+class Command(TyperCommand):
+    """A command whose arguments are listed by their placeholder alone (typer adds ``<str>``)."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        arguments, options = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append((param.metavar or str(param.name).upper(), record[1]))
+            else:
+                options.append(record)
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+port_app = typer.Typer(help="Start or stop a listener port in the running containers.", **STYLE)
+dlq_app = typer.Typer(help="Browse, replay and purge backout queues.", **STYLE)
+dedup_app = typer.Typer(help="Maintain the dedup table.", **STYLE)
 app.add_typer(port_app, name="port")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(dedup_app, name="dedup")
 
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("-c", "--config", help="Settings file (default: $MDB_SETTINGS, else ./settings.toml)."),
+    typer.Option("-c", "--config", metavar="FILE",
+                 help="Settings file (default: $MDB_SETTINGS, else ./settings.toml)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-PortName = Annotated[str, typer.Argument(metavar="NAME", help="A port of the settings, e.g. Work.")]
+DestArgument = Annotated[
+    str, typer.Argument(metavar="DEST", help="A queue or topic named in the settings, else a queue.")
+]
+BodyArgument = Annotated[str, typer.Argument(metavar="BODY", help="The body as JSON, or @FILE holding it.")]
 
 T = TypeVar("T")
 
@@ -56,10 +99,12 @@ def guarded(action: Callable[[], T]) -> T:
     """Run ``action``, turning the package's errors into one line and the right exit code."""
     try:
         return action()
-    except (SettingsError, ListenerError) as exc:
-        fail(str(exc), 2)
-    except MdbError as exc:
-        fail(str(exc), 1)
+    except MdbError as exc:  # the class knows its exit code: 2 for settings and listeners
+        fail(str(exc), exc.exit_code)
+    except OSError as exc:  # a folder or file the command needs (a SQLite database's, a TLS file)
+        from .broker import describe
+
+        fail(f"{exc.filename}: {exc.strerror}" if exc.filename else describe(exc), 1)
     except SQLAlchemyError as exc:  # the database is away or refused: one line, not a traceback
         from .broker import describe
 
@@ -74,26 +119,64 @@ def usage_error(message: str) -> NoReturn:
     fail(message, 2)
 
 
+def print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"mdb (mdbcontainer) {version('mdbcontainer')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    _version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=print_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """Run and operate message-driven handlers behind listener ports."""
+
+
 # -- run and check -------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=Command)
 def run(
     config: ConfigOption = None,
     port: Annotated[
-        list[str] | None, typer.Option("--port", help="Run only this port (repeatable).")
+        list[str] | None, typer.Option("--port", metavar="NAME", help="Run only this port (repeatable).")
     ] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option("--processes", metavar="N", min=1, max=64,
+                     help="Run N container processes under one supervisor (default: "
+                          "container.processes, 1: no supervisor)."),
+    ] = None,
+    supervisor: Annotated[int | None, typer.Option("--supervisor", hidden=True)] = None,
+    process_index: Annotated[int | None, typer.Option("--process-index", hidden=True)] = None,
 ) -> None:
     """Run the container: every port of the settings, or only the named ones."""
     from .container import Container
 
     settings = settings_for(config)
+    if supervisor is not None:  # one of the N processes of a supervisor (supervisor.py)
+        from .supervisor import run_supervised
+
+        setup_logging(settings.container, process_index)
+        raise typer.Exit(guarded(lambda: run_supervised(settings, port, supervisor)))
     setup_logging(settings.container)
+    count = processes or settings.container.processes
+    if count > 1:
+        from .supervisor import Supervisor
+
+        supervisor_of = guarded(lambda: Supervisor(settings, count, port))
+        raise typer.Exit(guarded(supervisor_of.run))
     container = guarded(lambda: Container(settings, ports=port))
     raise typer.Exit(guarded(container.run))
 
 
-@app.command()
+@app.command(cls=Command)
 def check(config: ConfigOption = None) -> None:
     """Validate the settings and import the listeners; warn about risky poison-message settings."""
     from .acknowledge import check_mode
@@ -108,6 +191,10 @@ def check(config: ConfigOption = None) -> None:
     caps = Broker(settings).capabilities
     for binding in bindings:
         guarded(partial(check_mode, settings.source, binding.name, binding.settings.acknowledge, caps))
+    if settings.container.processes > 1:  # what the supervisor refuses (a durable port, metrics ports)
+        from .supervisor import validate
+
+        guarded(lambda: validate(settings, None, settings.container.processes))
     warnings = warnings_for(settings, bindings)
     for line in warnings:
         typer.echo(f"warning: {line}", err=True)
@@ -131,6 +218,9 @@ def parse_body(text: str) -> Any:
             text = Path(source).read_text(encoding="utf-8")
         except OSError as exc:
             usage_error(f"BODY {source}: cannot read: {exc.strerror}")
+        except UnicodeDecodeError as exc:
+            usage_error(f"BODY {source}: not UTF-8 ({exc.reason} at byte {exc.start}); "
+                        "a body file holds JSON text")
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -160,23 +250,38 @@ def parse_headers(pairs: list[str]) -> dict[str, Any]:
     return headers
 
 
-@app.command()
+@app.command(cls=Command)
 def send(
-    destination: Annotated[str, typer.Argument(help="A queue or topic named in the settings, else a queue.")],
-    body: Annotated[str, typer.Argument(help="The body as JSON, or @file.")],
+    destination: DestArgument,
+    body: BodyArgument,
     config: ConfigOption = None,
-    priority: Annotated[int | None, typer.Option(help="0-9 (default 4).", min=0, max=9)] = None,
-    ttl: Annotated[str | None, typer.Option(help="Time to live, e.g. 30s.")] = None,
-    non_persistent: Annotated[bool, typer.Option("--non-persistent", help="Do not write to disk.")] = False,
-    message_id: Annotated[str | None, typer.Option("--id", help="Message id (default: a new uuid).")] = None,
+    priority: Annotated[
+        int | None, typer.Option(metavar="N", help="Priority 0-9 (default 4).", min=0, max=9)
+    ] = None,
+    ttl: Annotated[
+        str | None, typer.Option(metavar="DURATION", help="Time to live, e.g. 30s (default: none).")
+    ] = None,
+    non_persistent: Annotated[
+        bool, typer.Option("--non-persistent", help="Keep it in memory only (default: persistent).")
+    ] = False,
+    message_id: Annotated[
+        str | None, typer.Option("--id", metavar="ID", help="Message id (default: a new uuid).")
+    ] = None,
     header: Annotated[
-        list[str] | None, typer.Option("-H", "--header", help="key=value (repeatable).")
+        list[str] | None,
+        typer.Option("-H", "--header", metavar="KEY=VALUE", help="A header (repeatable)."),
     ] = None,
-    reply_to: Annotated[str | None, typer.Option("--reply-to", help="Queue for the reply.")] = None,
+    reply_to: Annotated[
+        str | None, typer.Option("--reply-to", metavar="QUEUE", help="Where the reply should go.")
+    ] = None,
     correlation_id: Annotated[
-        str | None, typer.Option("--correlation-id", help="Correlation id (to answer a request).")
+        str | None,
+        typer.Option("--correlation-id", metavar="ID",
+                     help="Correlation id, to match a reply to its request (default: none)."),
     ] = None,
-    count: Annotated[int, typer.Option(help="Send N copies (ids -1..-N after --id).", min=1)] = 1,
+    count: Annotated[
+        int, typer.Option(metavar="N", help="Send N copies (ids ID-1..ID-N with --id).", min=1)
+    ] = 1,
 ) -> None:
     """Send a message (confirmed by the broker); print its id."""
     from .producer import Producer
@@ -204,7 +309,7 @@ def send(
 # -- operating ---------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=Command)
 def ports(
     config: ConfigOption = None,
     as_json: JsonOption = False,
@@ -227,8 +332,13 @@ def ports(
     guarded(lambda: show_ports(settings, as_json))
 
 
-@port_app.command("start")
-def port_start(name: PortName, config: ConfigOption = None, as_json: JsonOption = False) -> None:
+PortArgument = Annotated[
+    str, typer.Argument(metavar="NAME", help="A listener port: a [ports.NAME] table or @message_driven name.")
+]
+
+
+@port_app.command("start", cls=Command)
+def port_start(name: PortArgument, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Start port NAME in every running container (and for containers started later)."""
     from .operate import switch_port
 
@@ -236,8 +346,8 @@ def port_start(name: PortName, config: ConfigOption = None, as_json: JsonOption 
     guarded(lambda: switch_port(settings, name, "started", as_json))
 
 
-@port_app.command("stop")
-def port_stop(name: PortName, config: ConfigOption = None, as_json: JsonOption = False) -> None:
+@port_app.command("stop", cls=Command)
+def port_stop(name: PortArgument, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Stop port NAME in every running container (and for containers started later)."""
     from .operate import switch_port
 
@@ -245,11 +355,12 @@ def port_stop(name: PortName, config: ConfigOption = None, as_json: JsonOption =
     guarded(lambda: switch_port(settings, name, "stopped", as_json))
 
 
-@dedup_app.command("purge")
+@dedup_app.command("purge", cls=Command)
 def dedup_purge(
     config: ConfigOption = None,
     older_than: Annotated[
-        str | None, typer.Option("--older-than", help="e.g. 7d (default: dedup_retention).")
+        str | None,
+        typer.Option("--older-than", metavar="DURATION", help="e.g. 7d (default: dedup_retention)."),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -263,44 +374,69 @@ def dedup_purge(
 # -- backout queues ---------------------------------------------------------------
 
 QueueArgument = Annotated[
-    str | None, typer.Argument(help="A backout queue (default: container.dead_letter_queue).")
-]
-QueueOption = Annotated[
-    str | None,
-    typer.Option("--queue", help="Only this queue (default: the backout queues of the settings)."),
+    str | None, typer.Argument(metavar="QUEUE", help="The older spelling of --queue QUEUE.")
 ]
 AllOption = Annotated[bool, typer.Option("--all", help="Every message of the queue(s).")]
 ToOption = Annotated[
-    str | None, typer.Option("--to", help="Destination (default: the original destination).")
+    str | None,
+    typer.Option("--to", metavar="DEST", help="Destination (default: the original destination)."),
 ]
+DEAD_LETTER = "container.dead_letter_queue"
+EVERY_BACKOUT_QUEUE = "every backout queue of the settings"
 
 
-@dlq_app.command("list")
-def dlq_list(queue: QueueArgument = None, config: ConfigOption = None,
-             as_json: JsonOption = False) -> None:
+def queue_help(default: str) -> Any:
+    """``--queue QUEUE`` with the default the command uses in its help."""
+    return typer.Option("--queue", metavar="QUEUE", help=f"A backout queue (default: {default}).")
+
+
+def one_queue(positional: str | None, option: str | None) -> str | None:
+    """``dlq list QUEUE`` is the older spelling of ``dlq list --queue QUEUE``: take either, not two."""
+    if positional and option and positional != option:
+        usage_error(f"QUEUE {positional!r} and --queue {option!r}: name the queue once")
+    return option or positional
+
+
+@dlq_app.command("list", cls=Command)
+def dlq_list(
+    positional: QueueArgument = None,
+    queue: Annotated[str | None, queue_help(DEAD_LETTER)] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+    limit: Annotated[
+        int, typer.Option(metavar="N", min=0, help="Show the first N messages; 0 shows all.")
+    ] = 100,
+) -> None:
     """Browse a backout queue without consuming: every message stays, in its order."""
     from .dlq import list_command
 
+    name = one_queue(positional, queue)
     settings = settings_for(config)
-    guarded(lambda: list_command(settings, queue, as_json))
+    guarded(lambda: list_command(settings, name, as_json, limit or None))
 
 
-@dlq_app.command("show")
-def dlq_show(message_id: Annotated[str, typer.Argument(metavar="ID", help="The message id.")],
-             queue: QueueOption = None, config: ConfigOption = None,
-             as_json: JsonOption = False) -> None:
+@dlq_app.command("show", cls=Command)
+def dlq_show(
+    message_id: Annotated[str, typer.Argument(metavar="ID", help="The message id.")],
+    queue: Annotated[str | None, queue_help(EVERY_BACKOUT_QUEUE)] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="The whole body (default: its first 2000 characters).")
+    ] = False,
+) -> None:
     """One message of a backout queue with all its headers and the full exception."""
     from .dlq import show_command
 
     settings = settings_for(config)
-    guarded(lambda: show_command(settings, message_id, queue, as_json))
+    guarded(lambda: show_command(settings, message_id, queue, as_json, full))
 
 
-@dlq_app.command("replay")
+@dlq_app.command("replay", cls=Command)
 def dlq_replay(
     ids: Annotated[list[str] | None, typer.Argument(metavar="ID", help="Message ids.")] = None,
     replay_all: AllOption = False,
-    queue: QueueOption = None,
+    queue: Annotated[str | None, queue_help(EVERY_BACKOUT_QUEUE)] = None,
     to: ToOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -313,31 +449,35 @@ def dlq_replay(
     guarded(lambda: replay_command(settings, ids or [], replay_all, queue, to))
 
 
-@dlq_app.command("purge")
+@dlq_app.command("purge", cls=Command)
 def dlq_purge(
-    queue: QueueArgument = None,
+    positional: QueueArgument = None,
+    queue: Annotated[str | None, queue_help(DEAD_LETTER)] = None,
     config: ConfigOption = None,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm: delete them all.")] = False,
 ) -> None:
     """Empty a backout queue (needs --yes)."""
     from .dlq import purge_command
 
+    name = one_queue(positional, queue)
     settings = settings_for(config)
     if not yes:
-        name = queue or settings.container.dead_letter_queue
+        name = name or settings.container.dead_letter_queue
         usage_error(f"purge deletes every message on {name}: add --yes to confirm")
-    guarded(lambda: purge_command(settings, queue))
+    guarded(lambda: purge_command(settings, name))
 
 
 # -- request/reply and durable subscriptions (seed 001) ----------------------------
 
 
-@app.command()
+@app.command(cls=Command)
 def request(
-    destination: Annotated[str, typer.Argument(help="A queue or topic named in the settings, else a queue.")],
-    body: Annotated[str, typer.Argument(help="The body as JSON, or @file.")],
+    destination: DestArgument,
+    body: BodyArgument,
     config: ConfigOption = None,
-    timeout: Annotated[str, typer.Option(help="How long to wait for the reply, e.g. 10s.")] = "10s",
+    timeout: Annotated[
+        str, typer.Option(metavar="DURATION", help="How long to wait for the reply.")
+    ] = "10s",
 ) -> None:
     """Send with a temporary reply queue; print the reply's body as JSON on stdout."""
     from .producer import Producer
@@ -354,9 +494,11 @@ def request(
     guarded(go)
 
 
-@app.command()
+@app.command(cls=Command)
 def unsubscribe(
-    client_id: Annotated[str, typer.Argument(metavar="CLIENT_ID", help="The subscription's client_id.")],
+    client_id: Annotated[
+        str, typer.Argument(metavar="CLIENT_ID", help="The subscription's client_id.")
+    ],
     subscription: Annotated[str, typer.Argument(metavar="SUBSCRIPTION", help="Its subscription name.")],
     config: ConfigOption = None,
 ) -> None:
@@ -371,8 +513,24 @@ def unsubscribe(
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point: click's usage errors, too, become one line (exit 2)."""
     try:
-        app()
-    except KeyboardInterrupt:
-        sys.exit(130)
+        code = app(standalone_mode=False, prog_name="mdb")
+    except NoArgsIsHelpError as exc:  # ``mdb dlq``: the group's help, on stdout
+        typer.echo(exc.format_message())
+        code = exc.exit_code
+    except ClickException as exc:
+        context = getattr(exc, "ctx", None)
+        hint = f" (see {context.command_path} -h)" if context else ""
+        one_line = " ".join(exc.format_message().split())
+        typer.echo(f"mdb: error: {one_line}{hint}", err=True)
+        code = exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        code = 130
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if os.environ.get("MDB_TRACEBACK"):
+            raise
+        typer.echo(f"mdb: error: unexpected {type(exc).__name__}: {mask_url(str(exc))} "
+                   "(a bug; MDB_TRACEBACK=1 shows where)", err=True)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)

@@ -8,6 +8,7 @@ outbox and purge old dedup rows until SIGTERM or SIGINT.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from .control import Wanted
 from .endpoints import OperationsServer
 from .errors import ListenerError, SettingsError
 from .handlers import HandlerSpec, Invoker, import_listeners
+from .logs import fields
 from .metadata import load_metadata
 from .port import ListenerPort
 from .resources import SharedResources
@@ -36,6 +38,12 @@ log = logging.getLogger("mdbcontainer.container")
 
 RELAY_EVERY = 5.0
 PURGE_EVERY = 3600.0
+SHUTDOWN = "container shutting down"
+
+
+def in_flight(port: ListenerPort) -> int:
+    """The deliveries of ``port`` running now (in a handler or finishing its unit of work)."""
+    return sum(c.delivering_since is not None for c in list(port.consumers))
 
 
 @dataclass(frozen=True)
@@ -50,11 +58,18 @@ class Binding:
 def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
     """Import the listeners and pair each port with its handler; one-line errors otherwise."""
     search = Path(settings.source).parent if settings.source.endswith(".toml") else None
-    handlers = import_listeners(settings.container.listeners, search)
+    try:
+        handlers = import_listeners(settings.container.listeners, search)
+    except ListenerError as exc:  # name the file that asked for the module
+        raise ListenerError(f"{settings.source}: container.listeners: {exc}") from exc
     names = sorted(set(handlers) | set(settings.ports))
     unknown = [n for n in only or [] if n not in names]
     if unknown:
-        raise ListenerError(f"--port {unknown[0]!r}: no such port (ports: {', '.join(names) or 'none'})")
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f". Did you mean {close[0]!r}?" if close else ""
+        raise ListenerError(
+            f"--port {unknown[0]!r}: no such port (ports: {', '.join(names) or 'none'}){hint}"
+        )
     bindings = []
     for name in names:
         spec = handlers.get(name)
@@ -62,6 +77,7 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
             raise ListenerError(
                 f"{settings.source}: ports.{name}: no handler: no @message_driven({name!r}) in "
                 f"the listener modules {settings.container.listeners}"
+                + misspelled(name, [h for h in handlers if h not in settings.ports], handlers)
             )
         Invoker.for_spec(spec)  # a handler the container cannot call fails here, not per delivery
         merged = {**spec.defaults, **settings.port_overrides(name)}
@@ -69,12 +85,35 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
             raise ListenerError(
                 f"{spec.name}: port {name!r} has no destination: set [ports.{name}] destination "
                 f"in {settings.source} or @message_driven({name!r}, destination=...)"
+                + misspelled(name, [p for p in settings.ports if p not in handlers], handlers)
             )
-        bindings.append(Binding(name, spec, validate_port(settings.source, name, merged)))
+        bindings.append(Binding(name, spec, validate_port(settings.source, name, merged, settings.overrides)))
         _refuse_backout_loop(settings, name, bindings[-1].settings)
+        _refuse_bean_batch_without_list(settings, name, bindings[-1])
     if not bindings:
         raise ListenerError(f"{settings.source}: no ports: container.listeners registers no handler")
     return [b for b in bindings if not only or b.name in only]
+
+
+def _refuse_bean_batch_without_list(settings: Settings, name: str, binding: Binding) -> None:
+    """BMT on a batched port: ``ctx.transaction()`` must cover the whole batch, so one call has it."""
+    port = binding.settings
+    if port.batch_size > 1 and port.transaction == "bean" and not binding.spec.batch:
+        raise SettingsError(
+            f"{settings.source}: ports.{name}.batch_size: transaction = 'bean' with batch_size > 1 "
+            f"needs a batch handler (@message_driven({name!r}, batch=True) taking a list); "
+            f"{binding.spec.name} takes one message"
+        )
+
+
+def misspelled(name: str, others: list[str], handlers: dict[str, HandlerSpec]) -> str:
+    """``. Did you mean ...?`` when a decorator's port name and a settings port differ by a typo."""
+    close = difflib.get_close_matches(name, others, n=1)
+    if not close:
+        return ""
+    decorated, configured = (close[0], name) if close[0] in handlers else (name, close[0])
+    return (f". Did you mean @message_driven({configured!r}) in {handlers[decorated].name}, "
+            f"which says {decorated!r}?")
 
 
 def _refuse_backout_loop(settings: Settings, name: str, port: PortSettings) -> None:
@@ -124,11 +163,8 @@ class Container:
         def failures() -> int:
             return port.stats.consecutive_failures
 
-        def in_flight() -> int:
-            return sum(c.delivering_since is not None for c in list(port.consumers))
-
         self.resources.metrics.bind_port(port.name, started=started, failures=failures,
-                                         in_flight=in_flight)
+                                         in_flight=lambda: in_flight(port))
 
     @property
     def id(self) -> str:
@@ -174,9 +210,20 @@ class Container:
         self._stop.set()
         self._changed.set()
         for port in self.ports.values():
-            port.stop("container shutting down")
+            port.stop(SHUTDOWN, logged=True)  # logged below, once its deliveries are done
         deadline = time.monotonic() + limit
-        finished = all(p.join(max(0.0, deadline - time.monotonic())) for p in self.ports.values())
+        for port in self.ports.values():
+            busy = in_flight(port)
+            if busy:
+                log.info("port %s stopping: waiting for %d in-flight deliver%s", port.name, busy,
+                         "y" if busy == 1 else "ies", extra=fields(port=port.name, state="stopping"))
+        finished = True
+        for port in self.ports.values():
+            if port.join(max(0.0, deadline - time.monotonic())):
+                log.info("port %s stopped: %s", port.name, SHUTDOWN,
+                         extra=fields(port=port.name, state="stopped", reason=SHUTDOWN))
+            else:
+                finished = False  # warned about below, after the rest is closed
         for thread in self._threads:
             thread.join(1.0)
         if self.endpoints is not None:
@@ -211,6 +258,10 @@ class Container:
                                        before_sleep=before_sleep)
         wanted: dict[str, Wanted] = retrying(prepare)
         return wanted
+
+    def request_stop(self) -> None:
+        """Stop as the first SIGTERM would (gracefully), without counting as a signal."""
+        self._stop.set()
 
     def run(self) -> int:
         """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early)."""
@@ -300,11 +351,13 @@ class Container:
                 "failed": s.failed, "backed_out": s.backed_out, "expired": s.expired,
                 "handled": s.handled, "duplicate_skipped": s.duplicate_skipped,
                 "invalid_body": s.invalid_body, "since": port.since.isoformat(),
+                "batch_size": port.settings.batch_size, "batches": s.batches,
+                "batched": s.batched, "fallbacks": s.fallbacks,
             })
         return rows
 
     def _housekeeping_loop(self) -> None:
-        publisher = Publisher(self.broker)
+        publisher = Publisher(self.broker, heartbeat=True)
         last_purge = time.monotonic() - PURGE_EVERY + 60.0
         try:
             while not self._stop.wait(RELAY_EVERY):

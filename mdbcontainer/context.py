@@ -12,7 +12,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .errors import TransactionError
+from .errors import NoReplyTo, TransactionError
 from .message import Message
 from .outgoing import outgoing
 
@@ -109,7 +109,7 @@ class MessageContext:
         the request's.
         """
         if not self.message.reply_to:
-            raise TransactionError(f"port {self.port!r}: message {self.message.id} has no reply_to")
+            raise NoReplyTo(f"port {self.port!r}: message {self.message.id} has no reply_to")
         message = outgoing(
             self.message.reply_to, body, priority=priority, ttl=ttl, persistent=persistent,
             headers=headers, message_id=message_id, content_type=content_type,
@@ -121,3 +121,67 @@ class MessageContext:
     def move_to(self, queue: str, reason: str) -> None:
         """Move this message to ``queue`` as part of the unit of work; the delivery then counts as handled."""
         self._unit.move_to(queue, reason)
+
+
+class BatchContext:
+    """A batch handler's view of its batch: session, rollback, sends (``batch=True``).
+
+    One context for the whole list: ``messages`` are the envelopes in the
+    order of the list, ``session`` is the batch's one transaction (container-
+    managed), ``transaction()`` opens it (bean-managed, covering every dedup
+    mark of the batch), and ``set_rollback_only()`` rolls the whole batch back,
+    after which each message is run again alone (a list of one).
+    """
+
+    __slots__ = ("_unit", "messages", "port")
+
+    def __init__(self, messages: list[Message], port: str, unit: UnitOfWork) -> None:
+        self.messages = messages
+        self.port = port
+        self._unit = unit
+
+    @property
+    def session(self) -> Session:
+        """The SQLAlchemy session of the batch's container-managed transaction."""
+        session = self._unit.session
+        if session is None:
+            raise TransactionError(
+                f"port {self.port!r}: ctx.session exists only with transaction = 'container' "
+                "(Required or RequiresNew), or inside ctx.transaction() with 'bean'"
+            )
+        return session
+
+    def set_rollback_only(self) -> None:
+        """Roll the batch back; its messages are then run again one by one."""
+        self._unit.rollback_only = True
+
+    @property
+    def rollback_only(self) -> bool:
+        return self._unit.rollback_only
+
+    def transaction(self) -> AbstractContextManager[Session]:
+        """Bean-managed: one transaction for the whole batch, with every dedup mark inside it."""
+        manager: AbstractContextManager[Session] = self._unit.bean_transaction()
+        return manager
+
+    def send(
+        self,
+        destination: str,
+        body: Any,
+        *,
+        priority: int | None = None,
+        ttl: timedelta | str | float | None = None,
+        persistent: bool = True,
+        headers: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+    ) -> str:
+        """Send a message as part of the batch's unit of work (it leaves after the commit)."""
+        message = outgoing(
+            destination, body, priority=priority, ttl=ttl, persistent=persistent,
+            headers=headers, message_id=message_id, reply_to=reply_to,
+            correlation_id=correlation_id,
+        )
+        self._unit.send(message)
+        return message.message_id

@@ -69,6 +69,19 @@ class Control:
         with self.store.engine.begin() as conn:
             conn.execute(delete(self.containers).where(self.containers.c.id == self.id))
 
+    def forget_process(self, pid: int, died_at: datetime) -> int:
+        """Delete the row of a dead process of this host (its supervisor saw it die).
+
+        ``mdb ports`` then shows the fleet as it is at once, rather than the
+        dead container until its heartbeat goes stale. Rows started after the
+        death belong to a new process that was given the same pid.
+        """
+        c = self.containers.c
+        with self.store.engine.begin() as conn:
+            result = conn.execute(delete(self.containers).where(
+                c.host == socket.gethostname(), c.pid == pid, c.started_at <= died_at))
+        return int(result.rowcount or 0)
+
     def wanted(self) -> dict[str, Wanted]:
         with self.store.engine.connect() as conn:
             rows = conn.execute(select(self.ports)).all()

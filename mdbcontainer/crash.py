@@ -26,6 +26,8 @@ POINTS = (
     "outbox-dispatch",
     "mid-backout",
     "mid-replay",
+    "before-commit",  # a batch's handlers ran, its outbox rows are written, not yet committed
+    "mid-acks",  # some messages of a batch acknowledged, the others not yet
 )
 
 _spec = os.environ.get("MDB_CRASH_AT", "")

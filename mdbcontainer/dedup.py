@@ -46,6 +46,10 @@ class Dedup:
         self.store = store
         self.table = store.tables.dedup
         t = self.table
+        self._claims: dict[int, tuple[str, list[str]]] = {}
+        # Driver SQL skips SQLAlchemy's type processing: the timestamp is converted as a
+        # statement would (SQLite stores it as SQLAlchemy's text, not the driver's).
+        self._stamp = t.c.processed_at.type.bind_processor(store.engine.dialect)
         self._claim = (
             self.store.insert(t)
             .values(port=bindparam("port"), message_id=bindparam("message_id"),
@@ -63,6 +67,51 @@ class Dedup:
         """
         params = {"port": port, "message_id": message_id, "processed_at": utcnow()}
         return session.connection().execute(self._claim, params).first() is not None
+
+    def claim_many(self, session: Session, port: str, message_ids: list[str]) -> set[str]:
+        """Claim a batch's rows in one statement inside the caller's transaction.
+
+        ``INSERT ... VALUES (...), (...) ON CONFLICT DO NOTHING RETURNING
+        message_id``: the ids returned are the ones this transaction claimed;
+        the others were claimed before (duplicates). An id given twice is
+        claimed once. The ids go in sorted, so two consumers claiming
+        overlapping batches lock the rows in one order and cannot deadlock.
+        """
+        unique = sorted(set(message_ids))
+        if not unique:
+            return set()
+        params: dict[str, Any] = {f"m{i}": m for i, m in enumerate(unique)}
+        at = utcnow()
+        params.update(port=port, processed_at=self._stamp(at) if self._stamp else at)
+        sql, order = self._claim_sql(len(unique))
+        connection = session.connection()
+        driver_params: Any = tuple(params[name] for name in order) if order else params
+        rows = connection.exec_driver_sql(sql, driver_params)
+        return {str(row[0]) for row in rows}
+
+    def _claim_sql(self, size: int) -> tuple[str, list[str]]:
+        """The claim of ``size`` ids as the driver's SQL, compiled once per size.
+
+        SQLAlchemy compiles a multi-row VALUES again on every execution (about
+        10 ms for a hundred rows, more than the round trip), so the statement
+        is compiled here once and run as driver SQL; ``order`` names the
+        parameters of a positional driver (SQLite), empty for a named one.
+        """
+        cached = self._claims.get(size)
+        if cached is None:
+            t = self.table
+            rows: list[dict[str, Any]] = [
+                {"port": bindparam("port"), "message_id": bindparam(f"m{i}"),
+                 "processed_at": bindparam("processed_at")} for i in range(size)]
+            statement = (
+                self.store.insert(t).values(rows)
+                .on_conflict_do_nothing(index_elements=[t.c.port, t.c.message_id])
+                .returning(t.c.message_id)
+            )
+            compiled = statement.compile(dialect=self.store.engine.dialect)
+            order = list(compiled.positiontup or []) if compiled.positional else []
+            cached = self._claims[size] = (str(compiled), order)
+        return cached
 
     def seen(self, port: str, message_id: str) -> bool:
         """True when the message's work has committed (checked for redeliveries only)."""

@@ -169,12 +169,14 @@ class HeldMessages:
         self.channel = channel
         self.queue = queue
 
-    def take_all(self) -> list[Delivery]:
-        """Every ready message of the queue, held, in queue order."""
+    def take_all(self, limit: int | None = None) -> list[Delivery]:
+        """Every ready message of the queue (or the first ``limit``), held, in queue order."""
         from kombu.message import Message as KombuMessage
 
         taken: list[Delivery] = []
-        while (raw := self.channel.basic_get(queue=self.queue, no_ack=False)) is not None:
+        while (limit is None or len(taken) < limit) and (
+            raw := self.channel.basic_get(queue=self.queue, no_ack=False)
+        ) is not None:
             message = raw if isinstance(raw, KombuMessage) else self.channel.message_to_python(raw)
             taken.append(Delivery(message))
         return taken

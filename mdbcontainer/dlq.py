@@ -30,30 +30,28 @@ from decimal import Decimal
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from .backout import REASON_INVALID, REASON_MISSING_ID, REASON_THRESHOLD
 from .broker import Broker, Publisher, connection_errors, describe
 from .crash import crash_point
 from .delivery import Delivery, HeldMessages, body_bytes
-from .errors import BrokerUnavailable, MdbError, PublishError
+from .errors import BrokerUnavailable, DlqError, MdbError, PublishError
 from .message import content_type_of
 from .outgoing import Outgoing
 from .settings import Settings
+from .tables import Column, fit
 
 ORIGINAL_DESTINATION = "x-mdb-original-destination"
 EXCEPTION = "x-mdb-exception"
 # The broker's count of deliveries from the backout queue, not the message's own.
 BROKER_COUNT = "x-delivery-count"
 SUMMARY_WIDTH = 72
+# ``mdb dlq show`` prints this much of a body unless asked for --full: a 2 MB body
+# would scroll the headers and the exception out of sight.
+BODY_PREVIEW = 2000
 # Backouts the container makes itself (a failed delivery's work never committed).
 CONTAINER_REASONS = frozenset({REASON_THRESHOLD, REASON_INVALID, REASON_MISSING_ID})
-
-
-class DlqError(MdbError):
-    """A backout queue or a message in it cannot be found, or a replay stopped short."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +175,7 @@ def _channel(broker: Broker) -> Iterator[Any]:
         yield conn.channel()
     except connection_errors() as exc:
         lost = f"broker {broker.masked_url}: connection lost: {describe(exc)}"
-        raise BrokerUnavailable(lost) from None
+        raise BrokerUnavailable(lost) from exc
     finally:
         with suppress(Exception):
             conn.close()
@@ -192,25 +190,38 @@ def _open_queue(broker: Broker, channel: Any, queue: str) -> None:
         channel.queue_declare(queue=queue, passive=True)
     except connection_errors():
         raise
-    except Exception:
-        raise DlqError(f"queue {queue!r} does not exist on broker {broker.masked_url}") from None
+    except Exception as exc:
+        raise DlqError(f"queue {queue!r} does not exist on broker {broker.masked_url}") from exc
 
 
-def _browse_one(broker: Broker, channel: Any, queue: str) -> list[DeadLetter]:
+def _browse_one(broker: Broker, channel: Any, queue: str,
+                limit: int | None = None) -> tuple[list[DeadLetter], int]:
+    """The first ``limit`` messages of ``queue`` (all with None), and how many it holds."""
     _open_queue(broker, channel, queue)
     if broker.is_embedded:
         from . import embedded
 
         path = broker.connection().hostname  # the same file the connection opens
-        return [_from_payload(queue, p) for p in embedded.browse(path, queue)]
-    return [_from_delivery(queue, m) for m in HeldMessages(channel, queue).take_all()]
+        every = embedded.browse(path, queue)
+        return [_from_payload(queue, p) for p in every[:limit]], len(every)
+    # Held messages are handed back when the channel closes, so taking only the
+    # first ``limit`` keeps a deep queue's browse short; the rest are still counted.
+    taken = HeldMessages(channel, queue).take_all(limit)
+    rest = channel.queue_declare(queue=queue, passive=True).message_count
+    return [_from_delivery(queue, m) for m in taken], len(taken) + int(rest or 0)
 
 
-def browse(settings: Settings, queue: str | None = None) -> list[DeadLetter]:
+def browse(settings: Settings, queue: str | None = None, limit: int | None = None) -> list[DeadLetter]:
     """The messages of a backout queue (default: the dead-letter queue), in order; all stay."""
+    return browse_page(settings, queue, limit)[0]
+
+
+def browse_page(settings: Settings, queue: str | None = None,
+                limit: int | None = None) -> tuple[list[DeadLetter], int]:
+    """The first ``limit`` messages of a backout queue and how many it holds; all stay."""
     broker = Broker(settings)
     with _channel(broker) as channel:
-        return _browse_one(broker, channel, queue or settings.container.dead_letter_queue)
+        return _browse_one(broker, channel, queue or settings.container.dead_letter_queue, limit)
 
 
 def _sources(settings: Settings, queue: str | None) -> list[str]:
@@ -224,7 +235,7 @@ def find(settings: Settings, message_id: str, queue: str | None = None) -> list[
     found: list[DeadLetter] = []
     for source in sources:
         with _channel(broker) as channel:  # one channel each: hand back before the next
-            found += [d for d in _browse_one(broker, channel, source) if d.id == message_id]
+            found += [d for d in _browse_one(broker, channel, source)[0] if d.id == message_id]
     if not found:
         raise DlqError(f"message {message_id!r} not found on {', '.join(sources)}")
     return found
@@ -253,7 +264,7 @@ class Replayer:
         try:
             self.store.create_tables()
         except SQLAlchemyError as exc:
-            raise DlqError(f"database: {describe(exc)}") from None
+            raise DlqError(f"database: {describe(exc)}") from exc
         self.counter = DeliveryCounter(self.store)
         self.dedup = Dedup(self.store)
         self.publisher = Publisher(self.broker)
@@ -271,9 +282,9 @@ class Replayer:
                 self._forget_handled(message, str(mid), destination)
             self._publish(message.copy_to(destination, replay_headers(message.headers), replace=True))
         except SQLAlchemyError as exc:
-            raise DlqError(f"cannot reset the redelivery count: {describe(exc)}") from None
+            raise DlqError(f"cannot reset the redelivery count: {describe(exc)}") from exc
         except connection_errors() as exc:
-            raise PublishError(f"publish to {destination!r} failed: {describe(exc)}") from None
+            raise PublishError(f"publish to {destination!r} failed: {describe(exc)}") from exc
         crash_point("mid-replay")
         held.remove(message)  # only after the confirm: a crash before this duplicates, never loses
         return None
@@ -362,26 +373,37 @@ def purge(settings: Settings, queue: str | None = None) -> tuple[str, int]:
 # -- the commands' output -------------------------------------------------------------
 
 
-def list_command(settings: Settings, queue: str | None, as_json: bool) -> None:
-    """``mdb dlq list``: a table, or one JSON document."""
+def list_command(settings: Settings, queue: str | None, as_json: bool, limit: int | None = None) -> None:
+    """``mdb dlq list``: a table that fits the terminal, or one JSON document."""
     name = queue or settings.container.dead_letter_queue
-    letters = browse(settings, name)
+    letters, total = browse_page(settings, name, limit)
+    more = (f"{name}: the first {len(letters)} of {total} message(s) shown (--limit N shows more)"
+            if total > len(letters) else "")
     if as_json:
         typer.echo(dumps([d.to_json() for d in letters]))
+        if more:
+            typer.echo(more, err=True)
         return
     if not letters:
         typer.echo(f"{name}: no messages")
         return
-    table = Table(title=f"{name}: {len(letters)} message(s)")
-    for column in ("id", "destination", "port", "reason", "count", "failed at (UTC)",
-                   "exception"):
-        table.add_column(column, overflow="fold")
+    typer.echo(more or f"{name}: {total} message(s)")
+    rows = []
     for d in letters:
         row = d.to_json()
-        table.add_row(*(str(v) if v is not None else "-" for v in (
+        rows.append([str(v) if v is not None else "-" for v in (
             row["id"], row["original_destination"], row["port"], row["reason"],
-            row["redelivery_count"], _short_time(row["failed_at"]), d.summary())))
-    Console().print(table)
+            row["redelivery_count"], _short_time(row["failed_at"]), d.summary())])
+    typer.echo("\n".join(fit(LIST_COLUMNS, rows)))
+
+
+# The id is what ``dlq show`` and ``dlq replay`` need: never cut. In a narrow
+# terminal the time goes first, then the port (its destination says as much).
+LIST_COLUMNS = (
+    Column("id", keep=True), Column("destination", 8), Column("port", 6, drop=2),
+    Column("reason", 8), Column("count", 5, right=True), Column("failed at (UTC)", 19, drop=3),
+    Column("exception", 10),
+)
 
 
 def _short_time(stamp: str | None) -> str | None:
@@ -392,16 +414,24 @@ def _short_time(stamp: str | None) -> str | None:
         return stamp
 
 
-def show_command(settings: Settings, message_id: str, queue: str | None, as_json: bool) -> None:
-    """``mdb dlq show``: every header, the full exception, the body."""
+def show_command(settings: Settings, message_id: str, queue: str | None, as_json: bool,
+                 full: bool = False) -> None:
+    """``mdb dlq show``: every header, the full exception, the body (its start, unless ``full``)."""
     letters = find(settings, message_id, queue)
     if as_json:
         typer.echo(dumps([d.to_json() for d in letters]))
         return
-    typer.echo("\n\n".join(_describe(d) for d in letters))
+    typer.echo("\n\n".join(_describe(d, full) for d in letters))
 
 
-def _describe(d: DeadLetter) -> str:
+def preview(text: str, full: bool) -> str:
+    """A body as a terminal can take it: its first BODY_PREVIEW characters, saying what is left out."""
+    if full or len(text) <= BODY_PREVIEW:
+        return text
+    return f"{text[:BODY_PREVIEW]}… ({len(text) - BODY_PREVIEW:,} more characters: --full shows them)"
+
+
+def _describe(d: DeadLetter, full: bool = False) -> str:
     body, encoding = decode_for_display(d.body, d.content_type)
     lines = [f"message {d.id} on {d.queue}", "properties:", f"  content_type: {d.content_type}"]
     lines += [f"  {k}: {v}" for k, v in sorted(d.properties.items()) if k != "content_type"]
@@ -412,7 +442,7 @@ def _describe(d: DeadLetter) -> str:
     lines.append(f"  {EXCEPTION}:")
     lines += [f"    {line}" for line in d.exception.splitlines()]
     shown = body if encoding == "text" else json.dumps(body, ensure_ascii=False)
-    lines.append(f"body ({encoding}): {shown}")
+    lines.append(f"body ({encoding}, {len(d.body):,} bytes): {preview(shown, full)}")
     return "\n".join(lines)
 
 

@@ -118,7 +118,7 @@ class OperationsServer:
             raise MdbError(
                 f"{self.container.settings.source}: container.metrics_port: cannot listen on "
                 f"{self.host}:{self.port}: {exc.strerror or exc}"
-            ) from None
+            ) from exc
         server.daemon_threads = True
         self._server = server
         self.port = server.server_address[1]

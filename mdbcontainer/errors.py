@@ -2,34 +2,47 @@
 
 The tree::
 
-    MdbError                      root: catch this to catch everything below
+    MdbError                      root: catch this to catch everything below (exit 1)
     ├── SettingsError             the settings file, a key or an override is wrong (exit 2)
     ├── ListenerError             a listener module or a handler cannot be bound (exit 2)
     ├── BrokerError               the broker refused or could not be reached
     │   ├── BrokerUnavailable     no connection within ``connect_timeout``
+    │   │   └── QueueUnavailable  a queue's node is down: an outage, waited out
     │   ├── SubscriptionInUse     a durable subscription already has its one active subscriber
     │   └── PublishError          the broker did not confirm a publish
     │       └── Unroutable        a mandatory publish reached no queue
+    ├── DlqError                  a backout queue or a message on it is not there, or a replay stopped
+    ├── NoReplyTo                 ``ctx.reply`` to a message that names no ``reply_to``
     ├── RequestTimeout            ``Producer.request`` got no reply in time
     └── TransactionError          a transaction API used where it cannot apply
 
 Each message is one line that names the culprit (file, key, argument, port),
-because the CLI prints it as it is and exits.
+because the CLI prints it as it is and exits with the class's ``exit_code``
+(click's convention: 2 for bad usage or settings, 1 for a failure). The
+exception that caused one stays on ``__cause__`` for library callers.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class MdbError(Exception):
     """Root of the errors raised by mdbcontainer."""
 
+    exit_code: ClassVar[int] = 1  # what ``mdb`` exits with when this error stops a command
+
 
 class SettingsError(MdbError):
     """The settings are invalid; the message names the file and the key path."""
 
+    exit_code: ClassVar[int] = 2
+
 
 class ListenerError(MdbError):
     """A listener module or handler cannot be imported or bound to a port."""
+
+    exit_code: ClassVar[int] = 2
 
 
 class BrokerError(MdbError):
@@ -38,6 +51,14 @@ class BrokerError(MdbError):
 
 class BrokerUnavailable(BrokerError):
     """No connection to the broker could be made within the connect timeout."""
+
+
+class QueueUnavailable(BrokerUnavailable):
+    """A queue cannot be declared or reached because the cluster node that holds it is down.
+
+    An outage like a lost connection: waited out with backoff, never a failed
+    delivery or a port stop (a classic queue lives on one node).
+    """
 
 
 class SubscriptionInUse(BrokerError):
@@ -50,6 +71,14 @@ class PublishError(BrokerError):
 
 class Unroutable(PublishError):
     """A mandatory publish was returned: no queue was bound for it."""
+
+
+class DlqError(MdbError):
+    """A backout queue or a message in it cannot be found, or a replay stopped short."""
+
+
+class NoReplyTo(MdbError):
+    """``ctx.reply`` was called for a message that names no ``reply_to`` queue."""
 
 
 class RequestTimeout(MdbError):

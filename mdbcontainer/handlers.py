@@ -72,6 +72,11 @@ def message_driven(port: str, *, batch: bool = False, **port_defaults: Any) -> C
     A class is a bean: ``setup()`` runs once per instance, ``on_message(message,
     ctx)`` per delivery, ``teardown()`` when the instance is discarded (after it
     raised) or at shutdown.
+
+    ``batch=True`` makes it a batch handler: its first parameter is a
+    ``list[X]`` (the element type decides what each item is, as above) and
+    its context a ``BatchContext``; it is called once per batch of the port's
+    ``batch_size`` deliveries, so that its database work is one bulk statement.
     """
     if not isinstance(port, str) or not port:
         raise ListenerError("@message_driven needs the listener port's name as a non-empty string")
@@ -85,7 +90,10 @@ def message_driven(port: str, *, batch: bool = False, **port_defaults: Any) -> C
                 )
         elif not callable(target):
             raise ListenerError(f"@message_driven({port!r}) decorates a function or a class")
-        setattr(target, _MARK, HandlerSpec(port, target, dict(port_defaults), batch=bool(batch)))
+        spec = HandlerSpec(port, target, dict(port_defaults), batch=bool(batch))
+        if spec.batch:
+            Invoker.for_spec(spec)  # a batch handler without a list parameter fails at import
+        setattr(target, _MARK, spec)
         return target
 
     return mark
@@ -118,8 +126,8 @@ def _import(name: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
             raise ListenerError(
-                f"listener module {name!r} not found (container.listeners; is it on the path?)"
-            ) from None
+                f"listener module {name!r} not found (is it on the path?)"
+            ) from exc
         raise ListenerError(f"listener module {name!r} failed to import: {exc}") from exc
     except Exception as exc:
         raise ListenerError(
@@ -166,7 +174,8 @@ class Invoker:
         return cls(spec, adapter, signature.takes_context)
 
     def argument(self, message: Message) -> Any:
-        """The handler's first argument: the envelope or the validated body (may raise InvalidBody)."""
+        """The handler's first argument (a batch handler's list item): the envelope or the
+        validated body (may raise InvalidBody)."""
         if self.adapter is None:
             return message
         return validate_body(self.adapter, message.body)

@@ -52,8 +52,9 @@ class MaskingFilter(logging.Filter):
 class TextFormatter(logging.Formatter):
     """One line of text; the whole output masked, so tracebacks are too."""
 
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)-7s %(name)s [%(threadName)s] %(message)s")
+    def __init__(self, process: int | None = None) -> None:
+        label = f"[process {process}] " if process is not None else ""
+        super().__init__(f"%(asctime)s %(levelname)-7s {label}%(name)s [%(threadName)s] %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         return mask_secrets(super().format(record))
@@ -61,6 +62,10 @@ class TextFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line, for log stacks that parse fields."""
+
+    def __init__(self, process: int | None = None) -> None:
+        super().__init__()
+        self.process = process
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -70,6 +75,8 @@ class JsonFormatter(logging.Formatter):
             "message": mask_secrets(record.getMessage()),
             "thread": record.threadName,
         }
+        if self.process is not None:
+            entry["process"] = self.process
         for key in FIELDS:
             if hasattr(record, key):
                 value = getattr(record, key)
@@ -79,10 +86,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def setup_logging(settings: ContainerSettings) -> None:
+def setup_logging(settings: ContainerSettings, process: int | None = None) -> None:
+    """Log to stderr; ``process``: the number of a supervised container process, on every line.
+
+    The N processes of ``mdb run --processes N`` share the supervisor's stderr,
+    so each line says which of them wrote it (``[process 2]``, JSON ``"process": 2``).
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(MaskingFilter())
-    handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
+    json_lines = settings.log_format == "json"
+    handler.setFormatter(JsonFormatter(process) if json_lines else TextFormatter(process))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)

@@ -81,14 +81,14 @@ def decode_body(raw: bytes, content_type: str, accept: list[str] | frozenset[str
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidBody(f"body is not valid UTF-8: {exc.reason} at byte {exc.start}") from None
+        raise InvalidBody(f"body is not valid UTF-8: {exc.reason} at byte {exc.start}") from exc
     if ctype == TEXT or not ctype.endswith("json"):
         return text
     _check_depth(text)
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise InvalidBody(f"body is not valid JSON: {exc}") from None
+        raise InvalidBody(f"body is not valid JSON: {exc}") from exc
 
 
 def _check_depth(text: str) -> None:
@@ -126,7 +126,7 @@ def validate_body(adapter: TypeAdapter[Any], body: Any) -> Any:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InvalidBody(f"{where}: {first['msg']}{more}") from None
+        raise InvalidBody(f"{where}: {first['msg']}{more}") from exc
 
 
 def encode_body(body: Any, content_type: str | None = None) -> tuple[bytes, str, str]:

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from .message import from_epoch
 
 OUTCOMES = ("handled", "failed", "backed_out", "duplicate_skipped", "expired", "invalid_body")
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400)
 
 
@@ -61,6 +62,14 @@ class Metrics:
         self.dedup_purged = Counter(
             "mdb_dedup_rows_purged", "Dedup rows deleted past retention.", registry=r
         )
+        self.batch_sizes = Histogram(
+            "mdb_batch_size", "Deliveries per batch unit of work (batched ports).", ["port"],
+            registry=r, buckets=BATCH_BUCKETS,
+        )
+        self.batch_fallbacks = Counter(
+            "mdb_batch_fallbacks",
+            "Batches rolled back and then run again one message at a time.", ["port"], registry=r,
+        )
         self._children: dict[tuple[str, str], Counter] = {}
         self._timers: dict[str, Histogram] = {}
         self._latencies: dict[str, Histogram] = {}
@@ -75,6 +84,8 @@ class Metrics:
         for outcome in OUTCOMES:
             self._children[(port, outcome)] = self.deliveries.labels(port=port, outcome=outcome)
         self._timers[port] = self.handler_seconds.labels(port=port)
+        self.batch_sizes.labels(port=port)
+        self.batch_fallbacks.labels(port=port)
         self._latencies[port] = self.latency_seconds.labels(port=port)
         self.port_started.labels(port=port).set_function(lambda: 1.0 if started() else 0.0)
         self.consecutive_failures.labels(port=port).set_function(lambda: float(failures()))
@@ -92,6 +103,12 @@ class Metrics:
         if timer is None:
             timer = self._timers[port] = self.handler_seconds.labels(port=port)
         timer.observe(seconds)
+
+    def batch(self, port: str, size: int) -> None:
+        self.batch_sizes.labels(port=port).observe(size)
+
+    def batch_fallback(self, port: str) -> None:
+        self.batch_fallbacks.labels(port=port).inc()
 
     def end_to_end(self, port: str, timestamp: Any) -> None:
         """Observe now minus the message's AMQP timestamp; a message without one is skipped."""

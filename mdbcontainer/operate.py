@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from datetime import timedelta
+from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from .control import Control
 from .dedup import Dedup
 from .errors import ListenerError
 from .settings import Settings, format_duration, parse_duration
 from .store import Store
+from .tables import Column, fit
 
 
 def _store(settings: Settings) -> Store:
@@ -30,20 +31,49 @@ def show_ports(settings: Settings, as_json: bool) -> None:
     if not rows:
         typer.echo("no running containers")
         return
-    table = Table(title="listener ports")
-    for column in ("container", "port", "destination", "state", "failures", "delivered",
-                   "failed", "backed out", "expired", "since", "reason"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(
-            r["container"], r["port"], str(r["destination"]),
-            f"[green]{r['state']}[/]" if r["state"] == "started" else f"[red]{r['state']}[/]",
-            str(r["consecutive_failures"]), str(r["delivered"]), str(r["failed"]),
-            # What went to the backout queue: an invalid body is counted apart in --json.
-            str(r["backed_out"] + r.get("invalid_body", 0)), str(r["expired"]), r["since"][:19],
-            r["reason"] or "",
-        )
-    Console(width=200).print(table)
+    cells = [[_cell(r, key) for key in PORT_FIELDS] for r in rows]
+    typer.echo("\n".join(fit(PORT_COLUMNS, cells)))
+    for r in rows:  # whole, whatever the width: it names the message that stopped the port
+        if r["state"] != "started" and r.get("reason"):
+            typer.echo(f"{r['port']} {r['state']}: {r['reason']}")
+
+
+# The table's columns are the --json fields, one for one (an invalid body is
+# counted in ``invalid body``, not also in ``backed out``). In a narrow terminal
+# the columns that are all zeros go first, then the least needed: the handled
+# and duplicate counts stay, so that a skipped duplicate is seen.
+PORT_FIELDS = ("container", "port", "destination", "state", "consecutive_failures", "delivered",
+               "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body", "expired",
+               "batches", "fallbacks", "since", "reason")
+PORT_COLUMNS = (
+    Column("container", 12, drop=8), Column("port", keep=True), Column("destination", 8, drop=7),
+    Column("state", keep=True), *(
+        Column(header, keep=True, right=True, drop=drop) for header, drop in (
+            ("failures", 2), ("delivered", 5), ("handled", 1), ("duplicate", 1), ("failed", 3),
+            ("backed out", 3), ("invalid body", 3), ("expired", 4))
+    ), Column("batches", 9, right=True, drop=2), Column("fallbacks", right=True, drop=2),
+    Column("since", 19, drop=9), Column("reason", 10, drop=6),
+)
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    if key == "since":
+        return str(row.get("since", ""))[:19]
+    if key == "batches":  # a batched port's batches and how full they ran: N x mean/size
+        return batch_figures(row).split(",")[0]
+    if key == "fallbacks":
+        return "-" if batch_figures(row) == "-" else str(row.get("fallbacks", 0))
+    return str(row.get(key, ""))
+
+
+def batch_figures(row: dict[str, Any]) -> str:
+    """A batched port's batches: how full they ran against batch_size, and the fallbacks."""
+    size = int(row.get("batch_size") or 1)
+    batches = int(row.get("batches") or 0)
+    if size <= 1 and not batches:
+        return "-"
+    mean = int(row.get("batched") or 0) / batches if batches else 0.0
+    return f"{batches} x {mean:.1f}/{size}, {int(row.get('fallbacks') or 0)} fallbacks"
 
 
 def switch_port(settings: Settings, name: str, state: str, as_json: bool = False) -> None:
@@ -53,8 +83,10 @@ def switch_port(settings: Settings, name: str, state: str, as_json: bool = False
     known = {b.name for b in bind(settings)}
     if name not in known:
         # A bad argument, as ``mdb run --port NAME`` says: exit 2, not a reported failure.
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f". Did you mean {close[0]!r}?" if close else ""
         raise ListenerError(
-            f"no port {name!r} in {settings.source} (ports: {', '.join(sorted(known))})"
+            f"no port {name!r} in {settings.source} (ports: {', '.join(sorted(known))}){hint}"
         )
     reason = "" if state == "started" else STOPPED_BY_OPERATOR
     Control(_store(settings)).set_port(name, state, reason)
@@ -81,4 +113,4 @@ def _duration(text: str) -> timedelta:
     except ValueError as exc:
         from .errors import SettingsError
 
-        raise SettingsError(f"--older-than: {exc}") from None
+        raise SettingsError(f"--older-than: {exc}") from exc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from .broker import Broker, Publisher
+from .broker import Broker, Publish, Publisher
 from .crash import crash_point
 from .errors import PublishError
 from .outgoing import Outgoing
@@ -29,6 +30,9 @@ log = logging.getLogger("mdbcontainer.outbox")
 # Rows younger than this belong to a consumer that is publishing them now.
 RELAY_GRACE = timedelta(seconds=5)
 RELAY_BATCH = 200
+# One container of a fleet relays at a time (PostgreSQL advisory lock key, held by
+# the relay's transaction): two relays would publish the same rows twice.
+RELAY_LOCK = 7426003
 
 
 @dataclass(frozen=True)
@@ -40,13 +44,29 @@ class Pending:
     properties: dict[str, Any]
 
 
-def _publish_row(publisher: Publisher, row: dict[str, Any], properties: dict[str, Any]) -> None:
-    if row["declare_queue"]:
-        publisher.route(row["declare_queue"])
-    publisher.publish(
-        exchange=row["exchange"], routing_key=row["routing_key"], body=row["body"],
-        properties=properties, mandatory=row["mandatory"],
-    )
+def _publish_rows(publisher: Publisher, rows: list[tuple[dict[str, Any], dict[str, Any]]], *,
+                  after_first: Callable[[], None] | None = None) -> list[PublishError | None]:
+    """Publish rows with their confirms awaited together; per row, None or why it was not taken.
+
+    A destination the broker refuses to declare fails its rows only.
+    """
+    errors: list[PublishError | None] = [None] * len(rows)
+    items: list[Publish] = []
+    indexes: list[int] = []
+    for index, (row, properties) in enumerate(rows):
+        if row["declare_queue"]:
+            try:
+                publisher.route(row["declare_queue"])
+            except PublishError as exc:
+                errors[index] = exc
+                continue
+        items.append(Publish(row["exchange"], row["routing_key"], row["body"], properties,
+                             row["mandatory"]))
+        indexes.append(index)
+    for index, error in zip(indexes, publisher.publish_many(items, after_first=after_first),
+                            strict=True):
+        errors[index] = error
+    return errors
 
 
 class Outbox:
@@ -81,18 +101,25 @@ class Outbox:
         """Publish committed rows, then delete them (crash point ``outbox-dispatch`` lies between)."""
         if not pending:
             return
-        for index, item in enumerate(pending):
-            _publish_row(publisher, item.values, item.properties)
-            if index == 0:
-                crash_point("outbox-dispatch")
-        with self.store.engine.begin() as conn:
-            conn.execute(delete(self.table).where(self.table.c.id.in_([p.id for p in pending])))
+        errors = _publish_rows(publisher, [(p.values, p.properties) for p in pending],
+                               after_first=lambda: crash_point("outbox-dispatch"))
+        sent = [p.id for p, error in zip(pending, errors, strict=True) if error is None]
+        if sent:
+            with self.store.engine.begin() as conn:
+                conn.execute(delete(self.table).where(self.table.c.id.in_(sent)))
+        failed = next((error for error in errors if error is not None), None)
+        if failed is not None:  # the rows stay: the relay publishes them later
+            raise failed
 
     def relay(self, publisher: Publisher, *, grace: timedelta = RELAY_GRACE) -> int:
-        """Publish rows left by a crash; return how many were sent.
+        """Publish rows left by a crash; return how many were sent (0 while another container relays).
 
         A row the broker will not take (unroutable, not confirmed) is skipped and
-        retried next time, so one bad row never blocks the rows behind it.
+        retried next time, so one bad row never blocks the rows behind it. On
+        PostgreSQL one relay runs at a time across the fleet (an advisory lock
+        for the transaction); the rows are also locked and locked rows skipped,
+        so a consumer deleting the rows it has just published waits, then
+        finds them gone.
         """
         cutoff = utcnow() - grace
         query = (
@@ -105,19 +132,27 @@ class Outbox:
             query = query.with_for_update(skip_locked=True)
         sent: list[int] = []
         with self.store.engine.begin() as conn:
-            for row in conn.execute(query).all():
-                try:
-                    _publish_row(publisher, row._asdict(), json.loads(row.properties))
-                except PublishError as exc:
+            if not self._relay_lock(conn):
+                log.debug("another container is relaying the outbox")
+                return 0
+            rows = conn.execute(query).all()
+            parsed = [(row._asdict(), json.loads(row.properties)) for row in rows]
+            for (values, properties), error in zip(parsed, _publish_rows(publisher, parsed), strict=True):
+                if error is not None:
                     log.warning("outbox row %d (message %s) not published, retried later: %s",
-                                row.id, json.loads(row.properties).get("message_id"), exc)
+                                values["id"], properties.get("message_id"), error)
                     continue
-                sent.append(row.id)
+                sent.append(values["id"])
             if sent:
                 conn.execute(delete(self.table).where(self.table.c.id.in_(sent)))
         if sent:
             log.info("outbox relay published %d message(s) left by an earlier process", len(sent))
         return len(sent)
+
+    def _relay_lock(self, conn: Any) -> bool:
+        if self.store.dialect != "postgresql":
+            return True
+        return bool(conn.exec_driver_sql(f"SELECT pg_try_advisory_xact_lock({RELAY_LOCK})").scalar())
 
     def backlog(self) -> int:
         from sqlalchemy import func

@@ -45,10 +45,10 @@ class OwnerLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BlockingIOError as exc:
             owner = os.pread(fd, 64, 0).decode(errors="replace").strip()
             os.close(fd)
-            raise in_use(self.queue, f"consumed by pid {owner or '?'}") from None
+            raise in_use(self.queue, f"consumed by pid {owner or '?'}") from exc
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd

@@ -134,6 +134,21 @@ class Pipeline:
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
 
+    # -- the consumer loop's hooks (the batch pipeline gathers; one delivery never waits) --
+
+    def wait_limit(self, idle: float) -> float:
+        """How long the consumer may block waiting for the next delivery."""
+        return idle
+
+    def tick(self) -> None:
+        """Called between deliveries (a batch whose linger is up runs here)."""
+
+    def hand_back_gathered(self) -> None:
+        """Graceful stop: hand back what was received but not started."""
+
+    def release(self) -> None:
+        """The channel is gone: forget what was received but not started."""
+
     def _through_outages(self, call: Callable[[], T], failed: Callable[[T], bool] | None = None) -> Any:
         """Run ``call``, holding the delivery while the database is away (returns ``_GAVE_UP``
         when the port stops meanwhile). The first try is outside tenacity: the hot path."""
@@ -219,6 +234,7 @@ class Pipeline:
         if self.once_only and self.resources.dedup.seen(self.port.name, message_id):
             self.acks.discard(delivery)
             self.port.record("duplicate_skipped")
+            self._log(logging.INFO, "duplicate_skipped", message_id, None, "already handled, not again")
             return None, None
         attempt = self.resources.counter.open(self.queue, message_id)
         return attempt.count, attempt.last_exception
@@ -276,6 +292,8 @@ class Pipeline:
         self.acks.settle(delivery)  # now, or later: the port's acknowledge mode
         crash_point("after-ack")
         self.port.record("handled" if outcome.kind == "handled" else "duplicate_skipped")
+        if outcome.kind != "handled":
+            self._log(logging.INFO, "duplicate_skipped", message.id, None, "already handled, not again")
         if outcome.kind == "handled":
             self.port.after_success()
             self.resources.metrics.end_to_end(self.port.name, delivery.timestamp)

@@ -25,6 +25,7 @@ from typing import Any
 import tenacity
 
 from .acknowledge import acknowledger_for, check_mode
+from .batching import pipeline_for
 from .broker import Publisher, Subscription, connection_errors, describe
 from .counts import DeliveryCounter
 from .errors import SubscriptionInUse
@@ -51,6 +52,9 @@ class PortStats:
     duplicate_skipped: int = 0
     invalid_body: int = 0
     consecutive_failures: int = 0
+    batches: int = 0  # batch units of work run (batched ports)
+    batched: int = 0  # deliveries in them
+    fallbacks: int = 0  # batches rolled back and run again one by one
 
 
 @dataclass
@@ -107,11 +111,14 @@ class ListenerPort:
         for consumer in self.consumers:
             consumer.thread.start()
 
-    def stop(self, reason: str, *, wait: float | None = None) -> None:
-        """Stop consuming; in-flight deliveries finish, prefetched ones are handed back."""
+    def stop(self, reason: str, *, wait: float | None = None, logged: bool = False) -> None:
+        """Stop consuming; in-flight deliveries finish, prefetched ones are handed back.
+
+        ``logged``: the caller logs the stop itself (at shutdown, once the deliveries finished).
+        """
         with self._state_lock:
             self.stop_event.set()
-            self._set_state("stopped", reason)
+            self._set_state("stopped", reason, logged=logged)
         if wait is not None:
             self.join(wait)
 
@@ -171,6 +178,15 @@ class ListenerPort:
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
             self.stats.delivered += outcome != "expired"
         self.resources.metrics.delivery(self.name, outcome)
+
+    def record_batch(self, size: int) -> None:
+        with self._lock:
+            self.stats.batches += 1
+            self.stats.batched += size
+
+    def record_fallback(self) -> None:
+        with self._lock:
+            self.stats.fallbacks += 1
 
     def observe(self, seconds: float) -> None:
         self.resources.metrics.handler_time(self.name, seconds)
@@ -232,7 +248,7 @@ class PortConsumer:
     @property
     def publisher(self) -> Publisher:
         if self._publisher is None:
-            self._publisher = Publisher(self.port.resources.broker)
+            self._publisher = Publisher(self.port.resources.broker, heartbeat=True)
         return self._publisher
 
     def publish(self, message: Outgoing) -> None:
@@ -251,7 +267,7 @@ class PortConsumer:
         return not self.port.stopping and not self.port.resources.shutting_down
 
     def _run(self) -> None:
-        pipeline = Pipeline(self.port, self)
+        pipeline = pipeline_for(self.port, self)
         mark_consumer_thread(self.port.name, self.port.settings)
         try:
             while self._should_run():
@@ -259,11 +275,12 @@ class PortConsumer:
                 if sub is None:
                     break
                 try:
-                    self._drain(sub)
+                    self._drain(sub, pipeline)
                 except connection_errors() as exc:
                     self.port.resources.outage("broker", exc)
                 finally:
                     self._set_consuming(False)
+                    pipeline.release()
                     self.acks.release()
                     sub.close()
         except Exception as exc:  # a channel error (a queue deleted, a declare refused...)
@@ -315,13 +332,15 @@ class PortConsumer:
         self.acks.attach(sub)
         return sub
 
-    def _drain(self, sub: Subscription) -> None:
+    def _drain(self, sub: Subscription, pipeline: Pipeline) -> None:
         self.port.resources.recovered("broker")
         self._set_consuming(True)
         while self._should_run():
             self.alive_at = time.monotonic()
-            sub.drain(0.5)
+            sub.drain(pipeline.wait_limit(0.5))
+            pipeline.tick()
             self.acks.tick()
+        pipeline.hand_back_gathered()
         self._hand_back_all(sub)
 
     def _set_consuming(self, value: bool) -> None:

@@ -144,7 +144,7 @@ def _message(reply: Delivery, queue: str) -> Message:
     try:
         return envelope(reply, message_id or "", 0, [JSON, TEXT], MAX_REPLY_BYTES, queue)
     except InvalidBody as exc:
-        raise MdbError(f"reply {message_id} cannot be read: {exc}") from None
+        raise MdbError(f"reply {message_id} cannot be read: {exc}") from exc
 
 
 def _close(conn: kombu.Connection, channel: Any, consumer: kombu.Consumer | None, queue: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 import tomllib
@@ -39,6 +40,9 @@ _RESERVED_ENV = {"MDB_SETTINGS", "MDB_REQUIRE_SERVICES", "MDB_CRASH_AT", "MDB_CR
 BROKER_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "embedded"})
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+# Where an overridden key came from: its key path -> the environment variable that set it.
+Overrides = dict[tuple[str, ...], str]
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
@@ -93,6 +97,8 @@ class ContainerSettings(_Strict):
     dedup_retention: Duration = timedelta(days=7)
     shutdown_timeout: Duration = timedelta(seconds=30)
     connect_timeout: Duration = timedelta(seconds=10)
+    heartbeat: Duration = timedelta(seconds=30)
+    database_timeout: Duration = timedelta(seconds=30)
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"  # all interfaces: a Kubernetes probe comes from outside the pod
     log_format: Literal["text", "json"] = "text"
@@ -100,6 +106,8 @@ class ContainerSettings(_Strict):
     table_prefix: str = Field(default="mdb_", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     db_schema: str | None = None
     control_interval: Duration = timedelta(seconds=1)
+    # Container processes of one ``mdb run`` (a supervisor runs them when > 1: supervisor.py).
+    processes: int = Field(default=1, ge=1, le=64)
     ssl_ca: str | None = None
     ssl_cert: str | None = None
     ssl_key: str | None = None
@@ -107,11 +115,35 @@ class ContainerSettings(_Strict):
     @field_validator("broker_url")
     @classmethod
     def _known_broker(cls, value: str) -> str:
-        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
-        if scheme not in BROKER_SCHEMES:
+        urls = broker_urls(value)
+        for url in urls:
+            scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+            if scheme not in BROKER_SCHEMES:
+                raise ValueError(
+                    f"{scheme + '://' if scheme else 'a URL without a scheme'} is not a broker this "
+                    "package runs on: use amqp:// or amqps:// (RabbitMQ), or embedded://PATH"
+                )
+            if len(urls) > 1 and scheme not in {"amqp", "amqps", "pyamqp"}:
+                raise ValueError(
+                    "several URLs separated by ';' name the nodes of one RabbitMQ cluster: "
+                    f"{scheme}:// cannot be one of them"
+                )
+        return value
+
+    @field_validator("heartbeat")
+    @classmethod
+    def _whole_seconds(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must not be negative ('0s' turns heartbeats off)")
+        return timedelta(seconds=math.ceil(value.total_seconds()))
+
+    @field_validator("database_timeout")
+    @classmethod
+    def _at_least_a_second(cls, value: timedelta) -> timedelta:
+        if value < timedelta(seconds=1):
             raise ValueError(
-                f"{scheme + '://' if scheme else 'a URL without a scheme'} is not a broker this "
-                "package runs on: use amqp:// or amqps:// (RabbitMQ), or embedded://PATH"
+                "must be at least '1s': database connections, keepalives and open "
+                "transactions are bounded by it"
             )
         return value
 
@@ -180,6 +212,18 @@ class PortFields(_Strict):
     subscription: str | None = None
     durable: bool = False
     autostart: bool = True
+    batch_size: int = Field(default=1, ge=1, le=10000)
+    batch_linger: Duration = timedelta(milliseconds=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batched_prefetch(cls, data: Any) -> Any:
+        """Without an explicit prefetch a batched port prefetches two batches: one runs, one arrives."""
+        if isinstance(data, dict) and "prefetch" not in data:
+            size = data.get("batch_size")
+            if isinstance(size, int) and not isinstance(size, bool) and size > 1:
+                return {**data, "prefetch": min(65535, 2 * size)}
+        return data
 
     def overrides(self) -> dict[str, Any]:
         """Only the keys the table set, as they would be written in it."""
@@ -195,6 +239,7 @@ class PortSettings(PortFields):
 
     @model_validator(mode="after")
     def _coherent(self) -> PortSettings:
+        self._batch_coherent()
         if (self.destination is None) == (self.topic is None):
             raise ValueError("a port needs exactly one of 'destination' (a queue) or 'topic'")
         if self.durable and not (self.client_id and self.subscription):
@@ -220,6 +265,22 @@ class PortSettings(PortFields):
         ):
             raise ValueError("pickle is never accepted: it runs code from the message")
         return self
+
+    def _batch_coherent(self) -> None:
+        if self.batch_size == 1:
+            return
+        if self.prefetch < self.batch_size:
+            raise ValueError(
+                f"prefetch: {self.prefetch} is below batch_size ({self.batch_size}): a batch "
+                "could never fill; raise prefetch or leave it out (then it is 2 x batch_size)"
+            )
+        if self.acknowledge != "auto":
+            raise ValueError(
+                f"acknowledge: batch_size > 1 needs acknowledge = 'auto', not {self.acknowledge!r}: "
+                "a batch is acknowledged after its commit"
+            )
+        if self.batch_linger <= timedelta(0):
+            raise ValueError("batch_linger: must be positive when batch_size > 1")
 
     @property
     def transactional(self) -> bool:
@@ -261,6 +322,8 @@ class Settings(BaseSettings):
     ports: dict[str, PortFields] = Field(default_factory=dict)
 
     source: str = Field(default="<defaults>", exclude=True)
+    # Key paths the environment set, so that a later error (at bind time) names the variable.
+    overrides: Overrides = Field(default_factory=dict, exclude=True)
 
     @classmethod
     def settings_customise_sources(
@@ -310,14 +373,16 @@ class Settings(BaseSettings):
 def _load_toml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SettingsError(f"{path}: settings file not found") from None
+    except FileNotFoundError as exc:
+        raise SettingsError(f"{path}: settings file not found") from exc
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
     except OSError as exc:
-        raise SettingsError(f"{path}: cannot read: {exc.strerror}") from None
+        raise SettingsError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: invalid TOML: {exc}") from None
+        raise SettingsError(f"{path}: invalid TOML: {exc}") from exc
 
 
 def _env_value(raw: str) -> Any:
@@ -340,8 +405,14 @@ def _match_key(table: dict[str, Any], key: str, *, is_name: bool = False) -> str
     return key if is_name else key.lower()
 
 
-def apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
-    """Lay ``MDB_A__B__C=value`` overrides over the file's data, matching names case-insensitively."""
+def apply_env(
+    data: dict[str, Any], environ: dict[str, str], overrides: Overrides | None = None
+) -> dict[str, Any]:
+    """Lay ``MDB_A__B__C=value`` overrides over the file's data, matching names case-insensitively.
+
+    ``overrides`` (when given) learns which variable set which key path, so that
+    an error in that value names the variable rather than the file.
+    """
     for name, raw in sorted(environ.items()):
         if not name.upper().startswith(ENV_PREFIX) or name.upper() in _RESERVED_ENV:
             continue
@@ -349,14 +420,33 @@ def apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
         if len(path) < 2:
             continue
         table = data
+        keys: list[str] = []
         for depth, part in enumerate(path[:-1]):
             named = depth == 1 and path[0].lower() in {"queues", "topics", "ports"}
-            key = _match_key(table, part, is_name=named)
-            table = table.setdefault(key, {})
+            keys.append(_match_key(table, part, is_name=named))
+            table = table.setdefault(keys[-1], {})
             if not isinstance(table, dict):
                 raise SettingsError(f"{name}: {'.'.join(path)} overrides a value that is not a table")
-        table[_match_key(table, path[-1])] = _env_value(raw)
+        keys.append(_match_key(table, path[-1]))
+        table[keys[-1]] = _env_value(raw)
+        if overrides is not None:
+            overrides[tuple(keys)] = name
     return data
+
+
+def culprit(source: str, loc: tuple[str, ...], overrides: Overrides | None) -> str:
+    """Who set the key at ``loc``: the environment variable that overrode it, else the file.
+
+    A fault in a whole table (a contradictory combination) names the file and
+    the variables that changed that table.
+    """
+    within = []
+    for path, variable in (overrides or {}).items():
+        if loc[: len(path)] == path:
+            return f"environment variable {variable}"
+        if loc and path[: len(loc)] == loc:
+            within.append(variable)
+    return f"{source} with {', '.join(sorted(within))}" if within else source
 
 
 def _known_keys(loc: tuple[Any, ...]) -> list[str]:
@@ -382,32 +472,39 @@ def _model_of(annotation: Any) -> Any:
     return annotation
 
 
-def describe_error(source: str, exc: ValidationError) -> str:
-    """One line naming the file, the key path and what is wrong, with a suggestion for typos."""
-    parts = []
+def describe_error(source: str, exc: ValidationError, overrides: Overrides | None = None,
+                   prefix: tuple[str, ...] = ()) -> str:
+    """One line naming the file (or variable), the key path and what is wrong, with a suggestion."""
+    parts: list[str] = []
+    first: tuple[str, ...] = prefix
     for error in exc.errors():
         loc = tuple(str(p) for p in error["loc"] if not str(p).startswith("function-"))
-        loc = tuple(p for p in loc if p not in {"PortSettings", "PortFields", "dict[str,any]"})
+        loc = prefix + tuple(p for p in loc if p not in {"PortSettings", "PortFields", "dict[str,any]"})
         where = ".".join(loc) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
+        key, _, rest = message.partition(": ")
+        if loc == prefix and rest and key in PortSettings.model_fields:  # a rule about one key names it
+            loc, message = (*loc, key), rest
+            where = ".".join(loc)
         if error["type"] == "extra_forbidden":
             message = f"unknown key '{loc[-1]}'"
-            close = difflib.get_close_matches(loc[-1], _known_keys(loc), n=1)
+            close = difflib.get_close_matches(loc[-1], _known_keys(loc[len(prefix):]), n=1)
             if close:
                 message += f". Did you mean '{close[0]}'?"
+        if not parts:
+            first = loc
         parts.append(f"{where}: {message}")
     more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
-    return f"{source}: {parts[0]}{more}"
+    return f"{culprit(source, first, overrides)}: {parts[0]}{more}"
 
 
-def validate_port(source: str, name: str, data: dict[str, Any]) -> PortSettings:
+def validate_port(source: str, name: str, data: dict[str, Any],
+                  overrides: Overrides | None = None) -> PortSettings:
     """Validate one port's merged settings, with errors naming ``ports.NAME``."""
     try:
         return PortSettings.model_validate(data)
     except ValidationError as exc:
-        line = describe_error(source, exc)
-        prefix = f"{source}: "
-        raise SettingsError(prefix + f"ports.{name}." + line[len(prefix) :]) from None
+        raise SettingsError(describe_error(source, exc, overrides, ("ports", name))) from exc
 
 
 def settings_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -428,8 +525,9 @@ def load_settings(
     working directory.
     """
     file = settings_path(path)
-    data = apply_env(_load_toml(file), dict(os.environ if environ is None else environ))
-    settings = settings_from_dict(data, source=str(file))
+    overrides: Overrides = {}
+    data = apply_env(_load_toml(file), dict(os.environ if environ is None else environ), overrides)
+    settings = settings_from_dict(data, source=str(file), overrides=overrides)
     container = resolve_paths(settings.container, Path(os.path.abspath(file)).parent)
     return settings.model_copy(update={"container": container})
 
@@ -475,29 +573,35 @@ def _resolve_database_url(url: str, folder: Path) -> str:
     return parsed.set(database=str(folder / database)).render_as_string(hide_password=False)
 
 
-def settings_from_dict(data: dict[str, Any], source: str = "<settings>") -> Settings:
+def settings_from_dict(data: dict[str, Any], source: str = "<settings>",
+                       overrides: Overrides | None = None) -> Settings:
     """Validate settings given as a dict (tests and embedding applications)."""
     try:
         # Ports are validated twice: here without decorator defaults to catch
         # unknown keys and types early, and again at bind time merged with them.
-        _check_port_keys(source, data.get("ports", {}))
-        return Settings(**data, source=source)
+        _check_port_keys(source, data.get("ports", {}), overrides)
+        for key in ("source", "overrides"):  # the loader's own fields, never the file's
+            if key in data:
+                raise SettingsError(f"{culprit(source, (key,), overrides)}: {key}: unknown key '{key}'")
+        return Settings(**data, source=source, overrides=overrides or {})
     except ValidationError as exc:
-        raise SettingsError(describe_error(source, exc)) from None
+        raise SettingsError(describe_error(source, exc, overrides)) from exc
 
 
-def _check_port_keys(source: str, ports: Any) -> None:
+def _check_port_keys(source: str, ports: Any, overrides: Overrides | None = None) -> None:
     if not isinstance(ports, dict):
         raise SettingsError(f"{source}: ports: must be a table of [ports.NAME] tables")
     for name, table in ports.items():
         if not isinstance(table, dict):
-            raise SettingsError(f"{source}: ports.{name}: must be a table")
+            who = culprit(source, ("ports", name), overrides)
+            raise SettingsError(f"{who}: ports.{name}: must be a table")
         fields = PortSettings.model_fields
         for key in table:
             if key not in fields:
                 close = difflib.get_close_matches(key, list(fields), n=1)
                 hint = f". Did you mean '{close[0]}'?" if close else ""
-                raise SettingsError(f"{source}: ports.{name}.{key}: unknown key '{key}'{hint}")
+                who = culprit(source, ("ports", name, key), overrides)
+                raise SettingsError(f"{who}: ports.{name}.{key}: unknown key '{key}'{hint}")
         try:
             probe = {"destination": "x"} if "destination" not in table and "topic" not in table else {}
             PortSettings.model_validate({**probe, **table})
@@ -505,10 +609,12 @@ def _check_port_keys(source: str, ports: Any) -> None:
             errors = [e for e in exc.errors() if e["type"] != "value_error"]
             if errors:
                 first = ValidationError.from_exception_data(exc.title, errors)  # type: ignore[arg-type]
-                line = describe_error(source, first)
-                raise SettingsError(
-                    f"{source}: ports.{name}." + line[len(source) + 2 :]
-                ) from None
+                raise SettingsError(describe_error(source, first, overrides, ("ports", name))) from exc
+
+
+def broker_urls(value: str) -> list[str]:
+    """The URLs of ``broker_url``: one, or the nodes of a cluster separated by ``;``."""
+    return [url.strip() for url in value.split(";") if url.strip()] or [value]
 
 
 def mask_url(url: str) -> str:

@@ -7,9 +7,10 @@ handler's work and its dedup row (and its outbox sends). Names carry
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import tenacity
@@ -111,8 +112,38 @@ class Tables:
         return cls(md, dedup, delivery, outbox, port, container)
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+# libpq-based drivers take these connection parameters.
+_LIBPQ_DRIVERS = frozenset({"psycopg", "psycopg2", "psycopg2cffi"})
+
+
+def timeout_parameters(timeout: timedelta) -> dict[str, Any]:
+    """libpq parameters that bound a PostgreSQL connection's every wait by ``timeout``.
+
+    A connection on a network gone silent fails within the bound instead of
+    the kernel's retransmission timeout (many minutes): the connect times out,
+    keepalives probe an idle connection (after a third of the bound, three
+    probes a sixth of it apart), and data unacknowledged for the bound ends it
+    (TCP user timeout). The server ends a session left idle inside a
+    transaction for as long, so a container that vanished mid-delivery does
+    not keep its uncommitted dedup claims locked for hours.
+    """
+    seconds = max(1, math.ceil(timeout.total_seconds()))
+    return {
+        "connect_timeout": max(2, seconds),  # libpq takes less than 2 as 2
+        "keepalives": 1,
+        "keepalives_idle": max(1, seconds // 3),
+        "keepalives_interval": max(1, seconds // 6),
+        "keepalives_count": 3,
+        "tcp_user_timeout": seconds * 1000,
+        "options": f"-c idle_in_transaction_session_timeout={seconds * 1000}",
+    }
+
+
+def make_engine(url: str, *, timeout: timedelta | None = None, **kwargs: Any) -> Engine:
     """An engine for ``url``; on SQLite, WAL, a busy timeout and explicit BEGINs.
+
+    ``timeout`` (``[container] database_timeout``): on PostgreSQL, the bound of
+    :func:`timeout_parameters`; parameters the URL sets itself are kept.
 
     On SQLite a plain (deferred) BEGIN lets readers such as ``mdb ports`` run
     beside a handler's open transaction; the container's units of work start
@@ -126,6 +157,13 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         # SQLAlchemy then drops every pooled connection of that generation.
         kwargs.setdefault("pool_size", 10)
         kwargs.setdefault("max_overflow", 20)
+        if timeout is not None and parsed.get_driver_name() in _LIBPQ_DRIVERS:
+            given = parsed.query
+            extra = {k: v for k, v in timeout_parameters(timeout).items() if k not in given}
+            if "options" in given:  # the URL's own server options, and the idle timeout after them
+                ours = timeout_parameters(timeout)["options"]
+                extra["options"] = f"{given['options']} {ours}"
+            kwargs["connect_args"] = {**extra, **kwargs.get("connect_args", {})}
         return create_engine(url, **kwargs)
     if parsed.database and parsed.database != ":memory:":
         from pathlib import Path
@@ -152,7 +190,7 @@ class Store:
     """The database side of a container: engine, session factory and tables."""
 
     def __init__(self, settings: ContainerSettings, engine: Engine | None = None) -> None:
-        self.engine = engine or make_engine(settings.database_url)
+        self.engine = engine or make_engine(settings.database_url, timeout=settings.database_timeout)
         self.tables = Tables.build(settings.table_prefix, settings.db_schema)
         self.sessions = sessionmaker(bind=self.engine, expire_on_commit=False)
         self.dialect = self.engine.dialect.name

@@ -46,8 +46,8 @@ def _delete_unused(broker: Broker, queue: str) -> int:
         channel = conn.channel()
         try:
             ok = channel.queue_declare(queue=queue, passive=True)
-        except NotFound:
-            raise MdbError(f"no durable subscription {queue!r} on {broker.masked_url}") from None
+        except NotFound as exc:
+            raise MdbError(f"no durable subscription {queue!r} on {broker.masked_url}") from exc
         if ok.consumer_count:
             raise in_use(queue, f"{ok.consumer_count} consumer(s)")
         # if_unused: a container that started consuming since the check keeps it.

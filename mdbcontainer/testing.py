@@ -108,7 +108,13 @@ class ContainerProcess:
 
     def __init__(self, settings_path: Path, *, ports: list[str] | None = None,
                  env: dict[str, str] | None = None, cwd: Path | None = None,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, prefix: list[str] | None = None) -> None:
+        """``prefix``: a command that runs ``mdb run`` elsewhere (``["ip", "netns", "exec", NS]``).
+
+        It must exec the command (keep its pid): the process is found in ``mdb
+        ports`` by that pid.
+        """
+        self.prefix = list(prefix or [])
         self.settings_path = Path(settings_path)
         self.settings: Settings = load_settings(self.settings_path, environ={})
         self.ports = ports or []
@@ -118,7 +124,7 @@ class ContainerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, wait: bool = True, timeout: float = 30.0) -> ContainerProcess:
-        args = [sys.executable, "-m", "mdbcontainer", "run", "-c", str(self.settings_path)]
+        args = [*self.prefix, sys.executable, "-m", "mdbcontainer", "run", "-c", str(self.settings_path)]
         for port in self.ports:
             args += ["--port", port]
         log = self.log_path.open("ab")
@@ -126,7 +132,11 @@ class ContainerProcess:
                                      cwd=self.cwd)
         log.close()
         if wait:
-            self.wait_started(timeout)
+            try:
+                self.wait_started(timeout)
+            except BaseException:  # ``with`` never reaches __exit__ when __enter__ raises
+                self.kill()
+                raise
         return self
 
     @property

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 Kind = Literal["handled", "duplicate", "failed", "infrastructure"]
 _SQLITE_ERROR = 1  # the primary result code of a statement SQLite cannot run
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
 
 
 class RollbackOnly(Exception):
@@ -56,12 +57,20 @@ class Outcome:
 
 
 def is_infrastructure(exc: BaseException) -> bool:
-    """A lost or refused database connection: retried, never counted against the message."""
+    """A lost or refused database connection: retried, never counted against the message.
+
+    Except a session the server ended because the handler left its transaction
+    idle past ``database_timeout`` (SQLSTATE 25P03): the connection is gone, but
+    the handler caused it, as a statement timeout; waited out as an outage, that
+    message would be retried forever, never counted.
+    """
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if sqlstate == IDLE_IN_TRANSACTION_TIMEOUT:
+        return False
     if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
         return True
     if _sqlite_statement_error(exc):
         return False
-    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate:
         return _transient_sqlstate(sqlstate)
     return isinstance(

@@ -27,6 +27,7 @@ from rich.text import Text
 from .broker import Broker, connection_errors, describe
 from .control import Control
 from .errors import MdbError
+from .operate import batch_figures
 from .settings import Settings
 from .store import Store
 
@@ -172,7 +173,9 @@ def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
     for column, justify in (("container", "left"), ("port", "left"), ("queue", "left"),
                             ("state", "left"), ("msg/s", "right"), ("failures", "right"),
                             ("delivered", "right"), ("failed", "right"), ("backed out", "right"),
-                            ("backlog", "right"), ("since", "left"), ("reason", "left")):
+                            ("invalid", "right"), ("backlog", "right"), ("batches", "right"),
+                            ("since", "left"),
+                            ("reason", "left")):
         table.add_column(column, justify=justify, no_wrap=True,  # type: ignore[arg-type]
                          overflow="ellipsis", max_width=REASON_WIDTH if column == "reason" else None)
     for row in sample.rows:
@@ -183,8 +186,9 @@ def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
             row["container"], row["port"], queue_of(row) or "-", _state(str(row["state"])),
             f"{rates.get(key, 0.0):.1f}", _number(row.get("consecutive_failures", 0), alarm=True),
             str(row.get("delivered", 0)), str(row.get("failed", 0)),
-            str(int(row.get("backed_out") or 0) + int(row.get("invalid_body") or 0)),
-            "-" if depth is None else str(depth), str(row.get("since", ""))[11:19], reason,
+            str(row.get("backed_out", 0)), str(row.get("invalid_body", 0)),  # as --json counts them
+            "-" if depth is None else str(depth), batch_figures(row), str(row.get("since", ""))[11:19],
+            reason,
         )
     lines: list[Any] = [table]
     if not sample.rows:

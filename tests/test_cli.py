@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +12,7 @@ import kombu
 import pytest
 
 from mdbcontainer.testing import mdb, write_settings
-from tests.conftest import CHILD_ENV, RABBITMQ_URL, Backend, one_line_error
+from tests.conftest import CHILD_ENV, RABBITMQ_URL, ROOT, Backend, one_line_error
 
 
 @pytest.fixture
@@ -144,24 +147,63 @@ def test_help_explains_each_option() -> None:
     for path, command in found:
         shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "250"})
         assert shown.exit_code == 0, shown.output
-        assert command.help and command.help.splitlines()[0] in shown.output, path
+        assert command.help and " ".join(command.help.split()[:4]) in shown.output, path
         rows = shown.output.splitlines()
         for param in command.params:
             if getattr(param, "hidden", False):
                 continue
             names = [*param.opts, param.metavar or ""]
             assert param.help, f"mdb {' '.join(path)} {names[-2]}: no help text"
-            row = next((r for r in rows if param.help.split(". ")[0] in r), "")
+            start = " ".join(param.help.split()[:3])  # help wraps at 80 columns: its first words
+            row = next((r for r in rows if start in r), "")
             assert any(name and f" {name} " in row for name in names), (path, names, shown.output)
+
+
+def test_help_explains_every_option_in_one_style() -> None:
+    """Every argument and option says what it is for; placeholders are UPPERCASE; flags take none."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from mdbcontainer.cli import app
+
+    root = typer.main.get_command(app)
+    runner = CliRunner()
+    for path in every_command_path():
+        command: Any = root
+        for name in path:
+            command = command.commands[name]
+        for param in command.params:
+            if param.hidden or param.name == "help":
+                continue
+            assert param.help, (path, param.name)  # documented, --correlation-id and NAME included
+            if getattr(param, "is_flag", False):
+                assert param.metavar is None, (path, param.name)
+            else:
+                assert re.fullmatch(r"[A-Z][A-Z_]*(=[A-Z]+)?", param.metavar or ""), (path, param.name)
+        shown = runner.invoke(app, [*path, "-h"], prog_name="mdb", terminal_width=80).output
+        assert not re.search(r"<(str|bool|int|path|list)", shown), (path, shown)  # no type labels
+        assert not re.search(r"\{[a-z]", shown), (path, shown)  # no {destination} beside {ID}
+        assert all(len(line) <= 80 for line in shown.splitlines()), (path, shown)
+
+
+def test_send_help_names_each_option_with_its_placeholder() -> None:
+    result = mdb("send", "-h", env=CHILD_ENV)
+    assert result.returncode == 0
+    assert "Usage: mdb send [OPTIONS] {DEST} {BODY}" in result.stdout
+    for option in ("--priority N", "--ttl DURATION", "--id ID", "-H, --header KEY=VALUE",
+                   "--reply-to QUEUE", "--correlation-id ID", "--count N"):
+        assert option in result.stdout
+    assert re.search(r"^  --non-persistent {2,}Keep it", result.stdout, re.M)  # a flag: no placeholder
 
 
 def test_public_api_is_pinned() -> None:
     import mdbcontainer
 
     assert sorted(mdbcontainer.__all__) == sorted([
-        "BrokerError", "BrokerUnavailable", "ListenerError", "MdbError", "Message",
-        "MessageContext", "Producer", "PublishError", "RequestTimeout", "Settings",
-        "SettingsError", "TransactionError", "Unroutable", "load_settings", "message_driven",
+        "BatchContext", "BrokerError", "BrokerUnavailable", "DlqError", "ListenerError", "MdbError", "Message",
+        "MessageContext", "NoReplyTo", "Producer", "PublishError", "QueueUnavailable",
+        "RequestTimeout", "Settings", "SettingsError", "SubscriptionInUse", "TransactionError",
+        "Unroutable", "load_settings", "message_driven",
     ])
 
 
@@ -231,3 +273,292 @@ def test_a_ttl_that_is_not_positive_is_bad_usage_exit_2(tmp_path: Path) -> None:
     line = one_line_error(result)
     assert result.returncode == 2
     assert "--ttl" in line
+
+
+def test_license_is_the_spdx_string_setuptools_asks_for() -> None:
+    """A license table makes every ``pip install`` print a deprecation warning (setuptools >= 77)."""
+    import re
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert data["project"]["license"] == "Apache-2.0"
+    (setuptools,) = [r for r in data["build-system"]["requires"] if r.startswith("setuptools")]
+    minimum = re.fullmatch(r"setuptools>=(\d+)(\.\d+)*", setuptools)
+    assert minimum and int(minimum.group(1)) >= 77, "SPDX strings need setuptools >= 77"
+
+
+def every_command_path() -> list[list[str]]:
+    """``[]``, ``["run"]``, ``["dlq"]``, ``["dlq", "list"]``...: every command and group of ``mdb``."""
+    import typer.main
+
+    from mdbcontainer.cli import app
+
+    def walk(command: object, path: list[str]) -> list[list[str]]:
+        found = [path]
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            found += walk(sub, [*path, name])
+        return found
+
+    return walk(typer.main.get_command(app), [])
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    result = mdb("--version", env=CHILD_ENV)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"mdb (mdbcontainer) {version('mdbcontainer')}"
+
+
+def test_dash_h_is_help_on_every_command() -> None:
+    from typer.testing import CliRunner
+
+    from mdbcontainer.cli import app
+
+    runner = CliRunner()
+    paths = every_command_path()
+    assert ["dlq", "list"] in paths and ["port", "start"] in paths  # the walk reaches subcommands
+    for path in paths:
+        short = runner.invoke(app, [*path, "-h"], prog_name="mdb", terminal_width=100)
+        long = runner.invoke(app, [*path, "--help"], prog_name="mdb", terminal_width=100)
+        assert short.exit_code == 0, (path, short.output)
+        assert "Usage: mdb" in short.output
+        assert short.output == long.output, path
+
+
+# -- bad input of every kind: one line, exit 1 or 2, never a traceback (issue 12 item 8) --------
+
+BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
+    # (case id, arguments ({good}, {tmp} filled in), environment, exit code, the culprit named)
+    ("unknown-command", ["nosuch"], {}, 2, "No such command 'nosuch'"),
+    ("unknown-option", ["send", "WORK", "{}", "--bogus", "-c", "{good}"], {}, 2, "--bogus"),
+    ("missing-argument", ["send", "-c", "{good}"], {}, 2, "Missing argument 'DEST'"),
+    ("body-not-json", ["send", "WORK", "{not json", "-c", "{good}"], {}, 2, "BODY is not JSON"),
+    ("body-empty", ["send", "WORK", "", "-c", "{good}"], {}, 2, "BODY is not JSON"),
+    ("body-file-missing", ["send", "WORK", "@{tmp}/nope.json", "-c", "{good}"], {}, 2, "nope.json"),
+    ("body-file-is-a-folder", ["send", "WORK", "@{tmp}", "-c", "{good}"], {}, 2, "BODY"),
+    ("body-file-not-utf8", ["send", "WORK", "@{tmp}/latin1.json", "-c", "{good}"], {}, 2,
+     "latin1.json: not UTF-8"),
+    ("body-file-empty", ["send", "WORK", "@{tmp}/empty.json", "-c", "{good}"], {}, 2, "empty.json"),
+    ("body-file-not-json", ["send", "WORK", "@{tmp}/text.json", "-c", "{good}"], {}, 2,
+     "text.json is not JSON"),
+    ("ttl-not-a-duration", ["send", "WORK", "{}", "--ttl", "soon", "-c", "{good}"], {}, 2, "--ttl"),
+    ("ttl-zero", ["send", "WORK", "{}", "--ttl", "0s", "-c", "{good}"], {}, 2, "--ttl"),
+    ("ttl-negative", ["send", "WORK", "{}", "--ttl", "-5s", "-c", "{good}"], {}, 2, "--ttl"),
+    ("priority-not-a-number", ["send", "WORK", "{}", "--priority", "high", "-c", "{good}"], {}, 2,
+     "--priority"),
+    ("priority-out-of-range", ["send", "WORK", "{}", "--priority", "12", "-c", "{good}"], {}, 2,
+     "--priority"),
+    ("count-zero", ["send", "WORK", "{}", "--count", "0", "-c", "{good}"], {}, 2, "--count"),
+    ("header-without-value", ["send", "WORK", "{}", "-H", "novalue", "-c", "{good}"], {}, 2,
+     "key=value"),
+    ("timeout-not-a-duration", ["request", "WORK", "{}", "--timeout", "ever", "-c", "{good}"], {}, 2,
+     "--timeout"),
+    ("timeout-zero", ["request", "WORK", "{}", "--timeout", "0ms", "-c", "{good}"], {}, 2, "--timeout"),
+    ("settings-missing", ["check", "-c", "{tmp}/nope.toml"], {}, 2, "nope.toml: settings file not found"),
+    ("settings-is-a-folder", ["ports", "-c", "{tmp}"], {}, 2, "{tmp}"),
+    ("settings-not-utf8", ["check", "-c", "{tmp}/latin1.json"], {}, 2, "latin1.json"),
+    ("settings-not-toml", ["check", "-c", "{tmp}/text.json"], {}, 2, "text.json: invalid TOML"),
+    ("settings-from-env-missing", ["ports"], {"MDB_SETTINGS": "{tmp}/gone.toml"}, 2, "gone.toml"),
+    ("settings-key-of-the-loader", ["check", "-c", "{tmp}/source.toml"], {}, 2,
+     "source.toml: source: unknown key 'source'"),
+    ("unknown-queue-option", ["check", "-c", "{tmp}/queue-typo.toml"], {}, 2,
+     "queues.WORK.backout_treshold"),
+    ("bad-duration-in-settings", ["check", "-c", "{good}"], {"MDB_CONTAINER__CONTROL_INTERVAL": "often"},
+     2, "environment variable MDB_CONTAINER__CONTROL_INTERVAL: container.control_interval"),
+    ("bad-number-in-env", ["check", "-c", "{good}"], {"MDB_PORTS__WORK__MAX_RETRIES": "many"}, 2,
+     "environment variable MDB_PORTS__WORK__MAX_RETRIES: ports.Work.max_retries"),
+    ("unknown-port-to-run", ["run", "--port", "Wrok", "-c", "{good}"], {}, 2,
+     "'Wrok': no such port (ports: Work). Did you mean 'Work'?"),
+    ("unknown-port-to-start", ["port", "start", "Wrok", "-c", "{good}"], {}, 2, "Did you mean 'Work'?"),
+    ("unknown-port-to-stop", ["port", "stop", "Wrok", "-c", "{good}"], {}, 2, "Wrok"),
+    ("older-than-not-a-duration", ["dedup", "purge", "--older-than", "old", "-c", "{good}"], {}, 2,
+     "--older-than"),
+    ("watch-and-json", ["ports", "--watch", "--json", "-c", "{good}"], {}, 2, "--watch"),
+    ("dlq-unknown-queue", ["dlq", "list", "NO.SUCH.QUEUE", "-c", "{good}"], {}, 1, "NO.SUCH.QUEUE"),
+    ("dlq-unknown-id", ["dlq", "show", "no-such-id", "-c", "{good}"], {}, 1, "no-such-id"),
+    ("dlq-replay-nothing", ["dlq", "replay", "-c", "{good}"], {}, 2, "--all"),
+    ("dlq-replay-ids-and-all", ["dlq", "replay", "x", "--all", "-c", "{good}"], {}, 2, "--all"),
+    ("dlq-purge-unconfirmed", ["dlq", "purge", "-c", "{good}"], {}, 2, "--yes"),
+    ("dlq-queue-named-twice", ["dlq", "list", "A", "--queue", "B", "-c", "{good}"], {}, 2,
+     "QUEUE 'A' and --queue 'B'"),
+    ("database-unreachable", ["ports", "-c", "{tmp}/no-db.toml"], {}, 1, "database"),
+    ("database-folder-impossible", ["ports", "-c", "{tmp}/db-in-proc.toml"], {}, 1,
+     "/proc/no-such-pid: No such file or directory"),
+    ("port-from-env-not-a-table", ["check", "-c", "{good}"], {"MDB_PORTS__X": "1"}, 2,
+     "environment variable MDB_PORTS__X: ports.x: must be a table"),
+    ("unsubscribe-missing-argument", ["unsubscribe", "audit", "-c", "{good}"], {}, 2,
+     "Missing argument 'SUBSCRIPTION'"),
+    ("unsubscribe-unknown", ["unsubscribe", "nobody", "nothing", "-c", "{good}"], {}, 1,
+     "no durable subscription 'nobody.nothing'"),
+    ("broker-url-scheme", ["check", "-c", "{good}"], {"MDB_CONTAINER__BROKER_URL": "redis://x"}, 2,
+     "environment variable MDB_CONTAINER__BROKER_URL: container.broker_url"),
+]
+
+
+@pytest.fixture
+def bad_files(tmp_path: Path, good: Path) -> Path:
+    (tmp_path / "latin1.json").write_bytes('{"name": "Müller"}'.encode("latin-1"))
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "text.json").write_text("hello world\n")
+    (tmp_path / "source.toml").write_text('source = "elsewhere"\n')
+    write_settings(tmp_path / "queue-typo.toml", {
+        "container": {"listeners": ["tests.apps.work"], "database_url": f"sqlite:///{tmp_path}/d.db",
+                      "broker_url": f"embedded://{tmp_path}/b.db"},
+        "queues": {"WORK": {"backout_treshold": 3}},
+        "ports": {"Work": {"destination": "WORK"}},
+    })
+    write_settings(tmp_path / "db-in-proc.toml", {"container": {
+        "listeners": [], "database_url": "sqlite:////proc/no-such-pid/d.db",
+    }})
+    write_settings(tmp_path / "no-db.toml", {"container": {
+        "listeners": [], "database_url": "postgresql+psycopg://postgres@127.0.0.1:1/test",
+    }})
+    return tmp_path
+
+
+@pytest.mark.parametrize(("args", "env", "code", "culprit"), [c[1:] for c in BAD_INPUT],
+                         ids=[c[0] for c in BAD_INPUT])
+def test_every_bad_input_is_one_line_without_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], good: Path, bad_files: Path,
+    args: list[str], env: dict[str, str], code: int, culprit: str,
+) -> None:
+    """In-process through the console entry point: fast, and any exception escaping fails here."""
+    from mdbcontainer.cli import main
+
+    def fill(text: str) -> str:
+        return text.replace("{good}", str(good)).replace("{tmp}", str(bad_files))
+
+    monkeypatch.chdir(bad_files)
+    # ``mdb run`` sets up logging on the root logger: give it back to pytest afterwards.
+    monkeypatch.setattr(logging.root, "handlers", logging.root.handlers[:])
+    monkeypatch.setattr(logging.root, "level", logging.root.level)
+    monkeypatch.delenv("MDB_SETTINGS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, fill(value))
+    monkeypatch.setattr(sys, "argv", ["mdb", *(fill(a) for a in args)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert exited.value.code == code, captured.err
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err
+    assert lines[0].startswith("mdb: error: ")
+    assert fill(culprit) in lines[0]
+
+
+def test_a_body_file_that_is_not_utf8_is_one_line(good: Path, tmp_path: Path) -> None:
+    """The report of issue 12, as a user runs it: a subprocess, through ``python -m mdbcontainer``."""
+    (tmp_path / "latin1.json").write_bytes('{"name": "Müller"}'.encode("latin-1"))
+    result = mdb("send", "WORK", f"@{tmp_path / 'latin1.json'}", settings=good, env=CHILD_ENV)
+    assert result.returncode == 2
+    assert "latin1.json: not UTF-8" in one_line_error(result)
+
+
+def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], good: Path,
+) -> None:
+    from mdbcontainer import cli, operate
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("amqp://guest:secret@host went odd")
+
+    monkeypatch.setattr(operate, "show_ports", broken)
+    monkeypatch.setattr(sys, "argv", ["mdb", "ports", "-c", str(good)])
+    monkeypatch.delenv("MDB_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == (
+        "mdb: error: unexpected RuntimeError: amqp://guest:***@host went odd "
+        "(a bug; MDB_TRACEBACK=1 shows where)\n")
+    monkeypatch.setenv("MDB_TRACEBACK", "1")
+    with pytest.raises(RuntimeError):
+        cli.main()
+
+
+def test_tables_fit_the_width_without_wrapping_a_row() -> None:
+    from mdbcontainer.tables import Column, fit
+
+    columns = [Column("id", keep=True), Column("note", 6), Column("zeros", right=True, drop=1),
+               Column("when", 8, drop=2)]
+    rows = [["3f1c0a6e-1b2c-4d5e", "a long explanation of it", "0", "2026-11-30 20:40:53"]]
+    assert fit(columns, rows, 100) == [
+        "id                  note                      zeros  when",
+        "3f1c0a6e-1b2c-4d5e  a long explanation of it      0  2026-11-30 20:40:53",
+    ]
+    # 40 columns: the column of zeros is left out (before the time, though the time ranks
+    # lower), the id stays whole, the other cells are cut, not wrapped.
+    assert fit(columns, rows, 40) == [
+        "id                  note       when",
+        "3f1c0a6e-1b2c-4d5e  a long e…  2026-11-…",
+        "(left out to fit 40 columns: zeros;",
+        "--json shows every field)",
+    ]
+
+
+# -- one exception tree (issue 13) ---------------------------------------------------------------
+
+
+def test_every_error_a_user_meets_is_in_the_tree_and_exported() -> None:
+    import importlib
+    import inspect
+    import pkgutil
+
+    import mdbcontainer
+    from mdbcontainer import errors
+
+    tree = {name: cls for name, cls in vars(errors).items()
+            if inspect.isclass(cls) and issubclass(cls, Exception)}
+    for name, cls in tree.items():
+        assert issubclass(cls, mdbcontainer.MdbError), name
+        assert name in mdbcontainer.__all__, f"{name} is not exported"
+        assert re.search(rf"^ +(\W+ )?{name} ", errors.__doc__ or "", re.M), f"{name} not in the tree"
+    # No error class of the package's own lives outside errors.py (the embedded broker's
+    # transport errors are kombu's, not the package's).
+    for info in pkgutil.walk_packages(mdbcontainer.__path__, "mdbcontainer."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, cls in vars(module).items():
+            if inspect.isclass(cls) and issubclass(cls, mdbcontainer.MdbError):
+                assert cls.__module__ == "mdbcontainer.errors", f"{info.name}.{name}"
+
+
+def test_exit_codes_live_on_the_error_classes() -> None:
+    from mdbcontainer import errors
+
+    assert errors.SettingsError.exit_code == errors.ListenerError.exit_code == 2
+    for cls in (errors.MdbError, errors.BrokerUnavailable, errors.Unroutable, errors.DlqError,
+                errors.SubscriptionInUse, errors.NoReplyTo, errors.TransactionError):
+        assert cls.exit_code == 1, cls
+
+
+def test_library_callers_keep_the_cause(tmp_path: Path) -> None:
+    import tomllib
+
+    from mdbcontainer import SettingsError, load_settings
+
+    path = tmp_path / "settings.toml"
+    path.write_text("[container\n")
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, environ={})
+    assert isinstance(err.value.__cause__, tomllib.TOMLDecodeError)
+
+
+def test_a_reply_to_a_message_without_reply_to_is_no_reply_to() -> None:
+    from mdbcontainer import Message, MessageContext, NoReplyTo, TransactionError
+
+    ctx = MessageContext(Message(id="m-1", body={}), "Orders", unit=None)  # type: ignore[arg-type]
+    with pytest.raises(NoReplyTo, match="port 'Orders': message m-1 has no reply_to") as err:
+        ctx.reply({"ok": True})
+    assert not isinstance(err.value, TransactionError), "no transaction API was misused"
+
+
+def test_a_missing_backout_message_is_the_exported_dlq_error(good: Path) -> None:
+    from mdbcontainer import DlqError, load_settings
+    from mdbcontainer.dlq import find
+
+    with pytest.raises(DlqError, match="message 'nope' not found"):
+        find(load_settings(good, environ={}), "nope")

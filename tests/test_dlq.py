@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import signal
+import uuid
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -233,6 +235,80 @@ def test_unreachable_broker_fails_in_one_line_without_the_password(
     line = one_line_error(result, 1)
     assert "127.0.0.1:1" in line and "not reachable" in line
     assert "s3cret" not in result.stderr + result.stdout
+
+
+def test_every_dlq_command_takes_the_queue_as_queue_option(backend: Backend) -> None:
+    """``list`` and ``purge`` took the queue as an argument, ``show`` and ``replay`` as --queue:
+    now all take --queue, and the argument still works."""
+    queue, dlq, other = backend.q("IN"), backend.q("DLQ"), backend.q("OTHER")
+    settings = backend.write(ports={"Work": {"destination": queue}},
+                             queues={queue: {"backout_queue": other}})
+    assert listed(backend, settings, "--queue", other) == []  # declares the backout queue
+    with backend.producer(settings) as producer:
+        producer.send(dlq, {"n": 0}, message_id="on-dlq")
+        producer.send(other, {"n": 1}, message_id="on-other")
+
+    assert [m["id"] for m in listed(backend, settings, "--queue", other)] == ["on-other"]
+    assert [m["id"] for m in listed(backend, settings, other)] == ["on-other"]  # the older spelling
+    assert [m["id"] for m in listed(backend, settings)] == ["on-dlq"]  # default: dead_letter_queue
+    result = mdb("dlq", "purge", "--queue", other, "--yes", settings=settings, env=backend.env)
+    assert f"purged 1 message(s) from {other}" in result.stdout, result.stderr
+    result = mdb("dlq", "purge", dlq, "--yes", settings=settings, env=backend.env)
+    assert f"purged 1 message(s) from {dlq}" in result.stdout, result.stderr
+
+
+def backed_out_by_hand(backend: Backend, settings: Path, dlq: str, count: int,
+                       big: int = 0) -> list[str]:
+    """``count`` messages on the DLQ as the container leaves them (the last with a ``big`` body)."""
+    ids = [f"{uuid.uuid4()}" for _ in range(count)]
+    with backend.producer(settings) as producer:
+        for n, mid in enumerate(ids):
+            body = {"n": n, "blob": "x" * (big if n == count - 1 else 10)}
+            producer.send(dlq, body, message_id=mid, headers={
+                "x-mdb-original-destination": "orders.incoming.from.the.web.shop", "x-mdb-port": "Work",
+                "x-mdb-backout-reason": "backout-threshold", "x-mdb-redelivery-count": 5,
+                "x-mdb-failed-at": "2026-11-30T20:40:53.97+00:00",
+                "x-mdb-exception": "Traceback ...\nRuntimeError: poison message with a long story to tell",
+            })
+    return ids
+
+
+def test_list_fits_80_columns_and_stops_at_its_limit(backend: Backend) -> None:
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    ids = backed_out_by_hand(backend, settings, dlq, 5)
+
+    table = mdb("dlq", "list", settings=settings, env={**backend.env, "COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == f"{dlq}: 5 message(s)"
+    assert lines[1].startswith("id "), "a title, a header, then one line per message"
+    assert [line.split()[0] for line in lines[2:7]] == ids, "ids whole, to copy into dlq show"
+    assert " ".join(lines[7:]).startswith("(left out to fit 80 columns: port, failed at (UTC);")
+    assert all(len(line) <= 80 for line in lines), table.stdout
+
+    first = mdb("dlq", "list", "--limit", "2", "--json", settings=settings, env=backend.env)
+    assert [m["id"] for m in json.loads(first.stdout)] == ids[:2]
+    assert f"{dlq}: the first 2 of 5 message(s) shown (--limit N shows more)" in first.stderr
+    every = mdb("dlq", "list", "--limit", "0", "--json", settings=settings, env=backend.env)
+    assert [m["id"] for m in json.loads(every.stdout)] == ids
+    assert backend.probe(settings).count(dlq) == 5, "every message stays, the unshown too"
+
+
+def test_show_cuts_a_big_body_unless_full(backend: Backend) -> None:
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    [mid] = backed_out_by_hand(backend, settings, dlq, 1, big=200_000)
+
+    shown = mdb("dlq", "show", mid, settings=settings, env=backend.env)
+    assert shown.returncode == 0, shown.stderr
+    assert len(shown.stdout) < 4000
+    assert "RuntimeError: poison message with a long story to tell" in shown.stdout
+    assert re.search(r"body \(json, 200,0\d\d bytes\): \{.*… \([\d,]+ more characters: --full shows them\)",
+                     shown.stdout)
+    full = mdb("dlq", "show", mid, "--full", settings=settings, env=backend.env)
+    assert '"x' + "x" * 199_999 + '"' in full.stdout
+    assert "--full shows them" not in full.stdout
 
 
 def test_a_message_the_handler_moved_is_handled_again_when_replayed(backend: Backend) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,31 @@ def test_sigterm_mid_stream_loses_nothing_and_exits_0(backend: Backend) -> None:
     assert backend.probe(settings).count(backend.q("DLQ")) == 0
     handed_back = [a for a in backend.attempts() if a[3] > 0]
     assert not handed_back, "a graceful stop does not count handed-back messages as failures"
+
+
+def test_shutdown_says_it_waits_for_a_running_handler_before_the_port_stops(
+    backend: Backend,
+) -> None:
+    queue = backend.q("SLOWSTOP")
+    settings = backend.write(ports={"Work": {"destination": queue}})
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "action": "sleep", "seconds": 2}, message_id="slow")
+    container = backend.container(settings).start()
+    wait_for(lambda: backend.attempts(), what="the slow handler to start")
+    assert container.terminate() == 0
+    assert backend.effects() == {"slow": 1}, "the handler finished and committed"
+    lines = container.output().splitlines()
+    waiting = next(i for i, line in enumerate(lines)
+                   if "port Work stopping: waiting for 1 in-flight delivery" in line)
+    stopped = next(i for i, line in enumerate(lines)
+                   if "port Work stopped: container shutting down" in line)
+    assert waiting < stopped
+
+    def at(line: str) -> datetime:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+    assert (at(lines[stopped]) - at(lines[waiting])).total_seconds() > 1.0, (
+        "the stop is logged once the handler is done, not while it sleeps")
 
 
 def test_second_signal_exits_at_once_and_still_loses_nothing(backend: Backend) -> None:

@@ -328,7 +328,7 @@ def test_watch_draws_states_rates_failures_and_backlog(backend: Backend) -> None
     assert "mdb ports --watch" in out and "msg/s" in out and "backlog" in out
     bean = next(line for line in out.splitlines() if f" {other} " in line)
     assert "stopped" in bean and "maximum retries (0) exceeded" in bean
-    assert bean.split("│")[10].strip() == "2", "the poison message and the one behind it wait"
+    assert bean.split("│")[11].strip() == "2", "the poison message and the one behind it wait"
     work = next(line for line in out.splitlines() if f" {queue} " in line)
     assert "started" in work
     assert f"backout queues: {backend.q('DLQ')} 0" in out
@@ -407,3 +407,44 @@ def test_readiness_counts_ports_stopped_as_configured_as_ready() -> None:
                                 stopping=True)) == ["port Work stopped: maximum retries (0) exceeded"]
     assert readiness(_container([_consumer()], outages={"database": (12.4, "OperationalError: gone")})) == [
         "database unavailable for 12s: OperationalError: gone"]
+
+
+# -- mdb ports: the table says what --json says ------------------------------------------------------
+
+
+def test_ports_table_agrees_with_json_and_shows_a_skipped_duplicate(backend: Backend) -> None:
+    queue = backend.q("ORDERS")
+    settings = backend.write(ports={"Work": {"destination": queue, "accept": ["application/json"]}})
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1}, message_id="twice")
+        producer.send(queue, {"n": 1}, message_id="twice")  # a producer's duplicate
+        producer.send(queue, "plain words", message_id="not-json")  # invalid body: backed out
+    with backend.container(settings) as container:
+        def counts() -> tuple[Any, Any]:
+            row = container.port_state("Work") or {}
+            return row.get("duplicate_skipped"), row.get("invalid_body")
+
+        wait_for(lambda: counts() == (1, 1), what="one handled, one duplicate, one invalid body")
+        [row] = json.loads(mdb("ports", "--json", settings=settings, env=backend.env).stdout)
+        wide = mdb("ports", settings=settings, env={**backend.env, "COLUMNS": "250"})
+        narrow = mdb("ports", settings=settings, env={**backend.env, "COLUMNS": "80"})
+        log = container.output()
+    assert (row["handled"], row["duplicate_skipped"], row["backed_out"], row["invalid_body"]) == (1, 1, 0, 1)
+
+    header, line = wide.stdout.splitlines()
+    columns = ["delivered", "handled", "duplicate", "failed", "backed out", "invalid body", "expired"]
+    fields = ["delivered", "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body",
+              "expired"]
+    for column, field in zip(columns, fields, strict=True):
+        end = header.index(column) + len(column)  # numbers are right-aligned under their header
+        assert line[:end].split()[-1] == str(row[field]), (column, wide.stdout)
+
+    lines = narrow.stdout.splitlines()
+    assert all(len(text) <= 80 for text in lines), narrow.stdout
+    assert "handled" in lines[0] and "duplicate" in lines[0], "the dedup step is visible in 80 columns"
+    assert "(left out to fit 80 columns: " in narrow.stdout
+
+    skipped = [text for text in log.splitlines() if "duplicate_skipped" in text]
+    assert len(skipped) == 1, log
+    assert "port Work: duplicate_skipped: message twice" in skipped[0]
+    assert " INFO " in skipped[0]

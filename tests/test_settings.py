@@ -165,6 +165,68 @@ def test_inline_defaults_are_overridden_key_by_key() -> None:
     assert binding.settings.max_retries == 3  # from TOML
 
 
+def test_an_error_from_an_environment_variable_names_the_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, '[ports.PayPort]\ndestination = "PAY"\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, environ={"MDB_PORTS__PAYPORT__MAX_RETRIE": "3"})
+    assert str(err.value) == (
+        "environment variable MDB_PORTS__PAYPORT__MAX_RETRIE: ports.PayPort.max_retrie: "
+        "unknown key 'max_retrie'. Did you mean 'max_retries'?"
+    )
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, environ={"MDB_CONTAINER__CONTROL_INTERVAL": "often"})
+    assert str(err.value).startswith(
+        "environment variable MDB_CONTAINER__CONTROL_INTERVAL: container.control_interval: 'often'"
+    )
+    # A fault in the file is still the file's, whatever else the environment overrides.
+    path.write_text('[ports.PayPort]\ndestination = "PAY"\nprefetch = "x"\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, environ={"MDB_PORTS__PAYPORT__MAX_RETRIES": "3"})
+    assert str(err.value).startswith(f"{path}: ports.PayPort.prefetch: ")
+
+
+def test_a_combination_the_environment_made_names_file_and_variable(tmp_path: Path) -> None:
+    from mdbcontainer.container import bind
+
+    path = write(tmp_path, '[container]\nlisteners = ["tests.apps.work"]\n'
+                           '[ports.Work]\ndestination = "W"\nonce_only = true\n')
+    settings = load_settings(path, environ={"MDB_PORTS__WORK__TRANSACTION": "none"})
+    with pytest.raises(SettingsError) as err:
+        bind(settings)
+    assert str(err.value).startswith(f"{path} with MDB_PORTS__WORK__TRANSACTION: ports.Work: once_only")
+
+
+def test_a_missing_listener_module_names_the_settings_file(tmp_path: Path) -> None:
+    from mdbcontainer.container import bind
+
+    path = write(tmp_path, '[container]\nlisteners = ["listeners.nope"]\n')
+    with pytest.raises(ListenerError) as err:
+        bind(load_settings(path, environ={}))
+    assert str(err.value) == (
+        f"{path}: container.listeners: listener module 'listeners.nope' not found (is it on the path?)"
+    )
+
+
+def test_a_misspelled_port_in_a_decorator_gets_a_did_you_mean(tmp_path: Path) -> None:
+    from mdbcontainer.container import bind
+
+    module = f"pay_{tmp_path.name.replace('-', '_')}"  # unique: never a cached module of another test
+    (tmp_path / f"{module}.py").write_text(
+        "from mdbcontainer import message_driven\n\n"
+        '@message_driven("PayPrt")\ndef charge(body: dict, ctx: object) -> None:\n    pass\n'
+    )
+    path = write(tmp_path, f'[container]\nlisteners = ["{module}"]\n[ports.PayPort]\ndestination = "PAY"\n')
+    with pytest.raises(ListenerError) as err:
+        bind(load_settings(path, environ={}))
+    assert str(err.value).endswith(
+        f". Did you mean @message_driven('PayPort') in {module}:charge, which says 'PayPrt'?"
+    )
+    path.write_text(f'[container]\nlisteners = ["{module}"]\n[ports.Refunds]\ndestination = "R"\n')
+    with pytest.raises(ListenerError) as err:
+        bind(load_settings(path, environ={}))
+    assert "Did you mean" not in str(err.value)  # nothing close: no guess
+
+
 @pytest.mark.parametrize("url", ["memory://", "redis://127.0.0.1:6379/0"])
 def test_a_broker_url_no_behaviour_test_runs_on_is_refused(tmp_path: Path, url: str) -> None:
     """memory:// was accepted once, but it does not flag redeliveries and nothing tested it."""

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,7 +46,7 @@ from sqlalchemy import func, select
 
 from mdbcontainer.producer import Producer
 from mdbcontainer.store import Tables
-from mdbcontainer.testing import ContainerProcess, wait_for
+from mdbcontainer.testing import ContainerProcess, mdb, wait_for
 from tests.chaos import faults
 from tests.conftest import ROOT, Backend, reachable
 
@@ -426,10 +424,7 @@ class ChaosRun:
         return out
 
     def _verify_ports(self) -> list[str]:
-        done = subprocess.run(
-            [sys.executable, "-m", "mdbcontainer", "ports", "--json", "-c", str(self.settings)],
-            capture_output=True, text=True, cwd=ROOT, env={**os.environ, **self.backend.env}, timeout=60,
-        )
+        done = mdb("ports", "--json", settings=self.settings, env=self.backend.env)
         if done.returncode != 0:
             return [f"mdb ports --json failed: {done.stderr.strip()}"]
         mine = [r for r in json.loads(done.stdout) if f":{self.container.pid}:" in r["container"]]
