@@ -95,17 +95,22 @@ def test_a_failing_message_rolls_the_batch_back_and_only_it_counts(backend: Back
     with container(backend, settings) as c:
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="a backout")
         wait_for(lambda: len(backend.effects("Work")) == 9, what="the good messages")
-        wait_for(lambda: (c.port_state("Work") or {}).get("handled") == 9, what="nine handled")
+        # The figures come with the container's heartbeat: wait for the one after the backout.
+        wait_for(lambda: {k: (c.port_state("Work") or {}).get(k) for k in ("handled", "failed")}
+                 == {"handled": 9, "failed": 2}, what="nine handled, two failed")
         row = c.port_state("Work") or {}
         assert row["state"] == "started", "one poison message does not stop the port"
     good = [f"w-{i}" for i in range(10) if i != 4]
     assert backend.effects("Work") == Counter({i: 1 for i in good}), "good work committed once"
-    # The messages before the poison one ran in the rolled-back batch and once alone (those
-    # after it never reached the handler in the batch); the poison message ran in the batch,
-    # then alone twice (backout_threshold 2), the batch attempt counting nothing.
+    # The messages before the poison one in its batch ran in the rolled-back batch and once
+    # alone (those after it never reached the handler in the batch); the poison message ran
+    # in the batch, then alone twice (backout_threshold 2), the batch attempt counting nothing.
+    # The broker decides how the ten arrive, so the batch may begin after w-0: the messages
+    # that ran twice are the ones just before w-4.
     assert [a[3] for a in backend.attempts("Work") if a[1] == "w-4"] == [0, 0, 1]
     ran = attempts_of(backend, "Work")
-    assert [ran[f"w-{i}"] for i in range(4)] == [2, 2, 2, 2]
+    before = [ran[f"w-{i}"] for i in range(4)]
+    assert before == sorted(before) and set(before) <= {1, 2}, before
     assert [ran[f"w-{i}"] for i in range(5, 10)] == [1, 1, 1, 1, 1]
     dead = dead_letters(backend, settings)
     assert list(dead) == ["w-4"]

@@ -22,7 +22,7 @@ from tests.conftest import Backend
 @pytest.mark.postgres
 def test_one_outbox_relay_at_a_time_across_the_fleet(rabbit: Backend) -> None:
     queue = rabbit.q("RELAYED")
-    path = rabbit.write(ports={"Work": {"destination": rabbit.q("W")}})
+    path = rabbit.write(ports={"Work": {"destination": rabbit.q("W")}}, queues={queue: {}})
     settings = rabbit.settings(path)
     store = Store(settings.container)
     store.create_tables()

@@ -52,13 +52,14 @@ def test_an_idle_publisher_keeps_its_connection_through_heartbeats() -> None:
     for two of them; the publisher's heartbeat thread sends them (and reads the
     broker's) while its owner is idle.
     """
-    settings = settings_from_dict({"container": {"broker_url": RABBITMQ_URL, "heartbeat": "1s"}})
+    queue = f"hb-{time.monotonic_ns()}"  # named in the settings: only such queues are declared
+    settings = settings_from_dict({"container": {"broker_url": RABBITMQ_URL, "heartbeat": "1s"},
+                                   "queues": {queue: {}}})
     publisher = Publisher(Broker(settings), heartbeat=True)
     try:
         channel = publisher.channel
         assert publisher._conn is not None and publisher._conn.connection.heartbeat == 1
         time.sleep(3.5)
-        queue = f"hb-{time.monotonic_ns()}"
         exchange, key, mandatory = publisher.route(queue)
         publisher.publish(exchange=exchange, routing_key=key, body=b"{}", properties={},
                           mandatory=mandatory)
