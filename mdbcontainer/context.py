@@ -22,29 +22,26 @@ if TYPE_CHECKING:
     from .transactions import UnitOfWork
 
 
-class MessageContext:
-    """The handler's view of its delivery: session, rollback, sends, acknowledgment."""
+class _UnitContext:
+    """What both contexts offer: the unit of work's session, rollback and sends."""
 
-    __slots__ = ("_unit", "message", "port")
+    __slots__ = ("_unit", "port")
+    _no_session = ""  # why there is no session, said by each context in its own words
 
-    def __init__(self, message: Message, port: str, unit: UnitOfWork) -> None:
-        self.message = message
+    def __init__(self, port: str, unit: UnitOfWork) -> None:
         self.port = port
         self._unit = unit
 
     @property
     def session(self) -> Session:
-        """The SQLAlchemy session of the container-managed transaction of this delivery."""
+        """The SQLAlchemy session of the container-managed transaction."""
         session = self._unit.session
         if session is None:
-            raise TransactionError(
-                f"port {self.port!r}: ctx.session exists only with transaction = 'container' "
-                "(Required or RequiresNew); with 'bean' use ctx.transaction()"
-            )
+            raise TransactionError(f"port {self.port!r}: ctx.session exists only with {self._no_session}")
         return session
 
     def set_rollback_only(self) -> None:
-        """Mark the transaction for rollback: the message returns to its queue as a failed delivery."""
+        """Mark the transaction for rollback: the delivery fails (a batch is run again one by one)."""
         self._unit.rollback_only = True
 
     @property
@@ -52,17 +49,9 @@ class MessageContext:
         return self._unit.rollback_only
 
     def transaction(self) -> AbstractContextManager[Session]:
-        """Bean-managed: a transaction that commits on normal exit, with the dedup mark inside it."""
+        """Bean-managed: a transaction that commits on normal exit, with the dedup marks inside it."""
         manager: AbstractContextManager[Session] = self._unit.bean_transaction()
         return manager
-
-    def acknowledge(self) -> None:
-        """Client acknowledgment: acknowledge this and every earlier message of this consumer."""
-        self._unit.acknowledge()
-
-    def recover(self) -> None:
-        """Client acknowledgment: redeliver every unacknowledged message of this consumer."""
-        self._unit.recover()
 
     def send(
         self,
@@ -90,6 +79,26 @@ class MessageContext:
         )
         self._unit.send(message)
         return message.message_id
+
+
+
+class MessageContext(_UnitContext):
+    """The handler's view of its delivery: session, rollback, sends, acknowledgment."""
+
+    __slots__ = ("message",)
+    _no_session = "transaction = 'container' (Required or RequiresNew); with 'bean' use ctx.transaction()"
+
+    def __init__(self, message: Message, port: str, unit: UnitOfWork) -> None:
+        super().__init__(port, unit)
+        self.message = message
+
+    def acknowledge(self) -> None:
+        """Client acknowledgment: acknowledge this and every earlier message of this consumer."""
+        self._unit.acknowledge()
+
+    def recover(self) -> None:
+        """Client acknowledgment: redeliver every unacknowledged message of this consumer."""
+        self._unit.recover()
 
     def reply(
         self,
@@ -123,7 +132,7 @@ class MessageContext:
         self._unit.move_to(queue, reason)
 
 
-class BatchContext:
+class BatchContext(_UnitContext):
     """A batch handler's view of its batch: session, rollback, sends (``batch=True``).
 
     One context for the whole list: ``messages`` are the envelopes in the
@@ -133,55 +142,10 @@ class BatchContext:
     after which each message is run again alone (a list of one).
     """
 
-    __slots__ = ("_unit", "messages", "port")
+    __slots__ = ("messages",)
+    _no_session = ("transaction = 'container' (Required or RequiresNew), or inside "
+                   "ctx.transaction() with 'bean'")
 
     def __init__(self, messages: list[Message], port: str, unit: UnitOfWork) -> None:
+        super().__init__(port, unit)
         self.messages = messages
-        self.port = port
-        self._unit = unit
-
-    @property
-    def session(self) -> Session:
-        """The SQLAlchemy session of the batch's container-managed transaction."""
-        session = self._unit.session
-        if session is None:
-            raise TransactionError(
-                f"port {self.port!r}: ctx.session exists only with transaction = 'container' "
-                "(Required or RequiresNew), or inside ctx.transaction() with 'bean'"
-            )
-        return session
-
-    def set_rollback_only(self) -> None:
-        """Roll the batch back; its messages are then run again one by one."""
-        self._unit.rollback_only = True
-
-    @property
-    def rollback_only(self) -> bool:
-        return self._unit.rollback_only
-
-    def transaction(self) -> AbstractContextManager[Session]:
-        """Bean-managed: one transaction for the whole batch, with every dedup mark inside it."""
-        manager: AbstractContextManager[Session] = self._unit.bean_transaction()
-        return manager
-
-    def send(
-        self,
-        destination: str,
-        body: Any,
-        *,
-        priority: int | None = None,
-        ttl: timedelta | str | float | None = None,
-        persistent: bool = True,
-        headers: dict[str, Any] | None = None,
-        message_id: str | None = None,
-        reply_to: str | None = None,
-        correlation_id: str | None = None,
-    ) -> str:
-        """Send a message as part of the batch's unit of work (it leaves after the commit)."""
-        message = outgoing(
-            destination, body, priority=priority, ttl=ttl, persistent=persistent,
-            headers=headers, message_id=message_id, reply_to=reply_to,
-            correlation_id=correlation_id,
-        )
-        self._unit.send(message)
-        return message.message_id
