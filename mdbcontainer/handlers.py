@@ -50,6 +50,11 @@ class HandlerSpec:
         """How the container calls the handler; ListenerError naming it when it cannot."""
         if not self.is_bean:
             return read_signature(self.name, self.target, method=False, batch=self.batch)
+        for hook in ("setup", "teardown"):  # a coroutine here would never be awaited either
+            method = getattr(self.target, hook, None)
+            if inspect.iscoroutinefunction(method):
+                raise ListenerError(f"{self.name}.{hook}: an async def {hook} is not supported "
+                                    "yet (it would never be awaited): define it with def")
         static = inspect.getattr_static(self.target, "on_message", None)
         method = not isinstance(static, staticmethod | classmethod)
         return read_signature(f"{self.name}.on_message", self.target.on_message, method=method,
