@@ -155,6 +155,7 @@ def run(
     ] = None,
     supervisor: Annotated[int | None, typer.Option("--supervisor", hidden=True)] = None,
     process_index: Annotated[int | None, typer.Option("--process-index", hidden=True)] = None,
+    report_fd: Annotated[int | None, typer.Option("--report-fd", hidden=True)] = None,
 ) -> None:
     """Run the container: every port of the settings, or only the named ones."""
     from .container import Container
@@ -164,7 +165,7 @@ def run(
         from .supervisor import run_supervised
 
         setup_logging(settings.container, process_index)
-        raise typer.Exit(guarded(lambda: run_supervised(settings, port, supervisor)))
+        raise typer.Exit(guarded(lambda: run_supervised(settings, port, supervisor, report_fd)))
     setup_logging(settings.container)
     count = processes or settings.container.processes
     if count > 1:

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,8 +264,12 @@ class Container:
         """Stop as the first SIGTERM would (gracefully), without counting as a signal."""
         self._stop.set()
 
-    def run(self) -> int:
-        """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early)."""
+    def run(self, started: Callable[[], None] | None = None) -> int:
+        """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early).
+
+        ``started`` is called once the container has started (its supervisor learns
+        that an exit from then on is a death to restart, not a refusal of its settings).
+        """
         signals = {"count": 0}
 
         def on_signal(signum: int, _frame: Any) -> None:
@@ -284,6 +289,8 @@ class Container:
                 raise
             log.info("stopped before the database came up")
             return 0
+        if started is not None:
+            started()
         self._stop.wait()  # a signal sets it
         self.stop()
         log.info("container %s stopped", self.id)
