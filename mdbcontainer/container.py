@@ -136,7 +136,8 @@ class Container:
         self.bindings = bind(settings, ports)
         self.metadata = load_metadata(settings)
         self.broker = Broker(settings)
-        self.store = Store(settings.container)
+        consumers = sum(b.settings.concurrency for b in self.bindings)
+        self.store = Store(settings.container, consumers=consumers)  # a connection per consumer
         self.resources = SharedResources(settings, self.store, self.broker)
         self._stop = threading.Event()
         self._changed = threading.Event()  # a port changed state: write the heartbeat now

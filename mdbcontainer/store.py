@@ -186,11 +186,35 @@ def make_engine(url: str, *, timeout: timedelta | None = None, **kwargs: Any) ->
     return engine
 
 
+# Connections a container process holds at once besides its consumers': the control loop
+# (port switches, heartbeats) and the housekeeping (the outbox relay; the dedup purge keeps
+# its lock on one connection while it deletes on another).
+OWN_CONNECTIONS = 3
+
+
+def pool_for(url: str, consumers: int) -> dict[str, int]:
+    """Pool sizes for a container of ``consumers`` consumers (the sum of its ports' ``concurrency``).
+
+    A container-managed unit of work claims its dedup row first and holds that
+    connection for the whole handler, so every consumer may hold one at once: a
+    fixed pool smaller than that makes the consumers past it wait on the pool,
+    time out, and report the database unavailable. The pool opens connections
+    only as they are needed; ``max_overflow`` is headroom, never the plan.
+    """
+    if make_url(url).database in (None, "", ":memory:") and url.startswith("sqlite"):
+        return {}  # one in-memory database per connection: SQLAlchemy's own pool, no sizes
+    return {"pool_size": consumers + OWN_CONNECTIONS, "max_overflow": OWN_CONNECTIONS}
+
+
 class Store:
     """The database side of a container: engine, session factory and tables."""
 
-    def __init__(self, settings: ContainerSettings, engine: Engine | None = None) -> None:
-        self.engine = engine or make_engine(settings.database_url, timeout=settings.database_timeout)
+    def __init__(self, settings: ContainerSettings, engine: Engine | None = None, *,
+                 consumers: int | None = None) -> None:
+        """``consumers``: a container's, to size its pool (:func:`pool_for`); else a small pool."""
+        sizes = pool_for(settings.database_url, consumers) if consumers is not None else {}
+        self.engine = engine or make_engine(settings.database_url, timeout=settings.database_timeout,
+                                            **sizes)
         self.tables = Tables.build(settings.table_prefix, settings.db_schema)
         self.sessions = sessionmaker(bind=self.engine, expire_on_commit=False)
         self.dialect = self.engine.dialect.name

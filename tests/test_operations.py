@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mdbcontainer.logs import JsonFormatter, MaskingFilter, TextFormatter
 from mdbcontainer.producer import Outgoing, outgoing
-from mdbcontainer.testing import mdb, wait_for
+from mdbcontainer.testing import ContainerProcess, mdb, wait_for
 from tests.chaos.faults import disruptive_lock
 from tests.conftest import ROOT, Backend, rabbitmqctl
 
@@ -448,3 +448,31 @@ def test_ports_table_agrees_with_json_and_shows_a_skipped_duplicate(backend: Bac
     assert len(skipped) == 1, log
     assert "port Work: duplicate_skipped: message twice" in skipped[0]
     assert " INFO " in skipped[0]
+
+
+# -- the database pool is sized from the ports' concurrency --------------------------------------
+
+
+def test_forty_consumers_holding_their_sessions_at_once_never_wait_on_the_pool(rabbit: Backend) -> None:
+    """Each handler holds its session until all 40 hold theirs (tests/apps/crowd.py): a pool
+    smaller than the consumers would time them out as "database unavailable" and turn /readyz 503."""
+    queue, consumers = rabbit.q("CROWD"), 40
+    port = free_port()
+    settings = rabbit.write(ports={"Crowd": {"destination": queue, "concurrency": consumers,
+                                             "prefetch": 1}}, queues={queue: {}}, metrics_port=port)
+    container = ContainerProcess(settings, env={**rabbit.env, "MDB_TEST_CROWD": str(consumers)}, cwd=ROOT)
+    with container.start(timeout=90):
+        with rabbit.producer(settings) as producer:
+            for n in range(consumers):
+                producer.send(queue, {"n": n}, message_id=f"crowd-{n}")
+        readyz: set[int] = set()
+
+        def done() -> bool:
+            readyz.add(probe(port, "/readyz")[0])
+            assert "database unavailable" not in container.output(), container.output()[-3000:]
+            return len(rabbit.effects("Crowd")) == consumers
+
+        wait_for(done, timeout=60, interval=0.25, what="every message handled")
+    assert rabbit.effects("Crowd") == {f"crowd-{n}": 1 for n in range(consumers)}
+    assert readyz == {200}
+    assert "database unavailable" not in container.output()
