@@ -311,6 +311,8 @@ class Container:
             self._changed.clear()
             if self._stop.is_set():
                 return
+            for port in self.ports.values():
+                port.warn_stuck()
             if not self._publish_state():
                 failing = True
             elif failing:
@@ -361,6 +363,7 @@ class Container:
                 "invalid_body": s.invalid_body, "since": port.since.isoformat(),
                 "batch_size": port.settings.batch_size, "batches": s.batches,
                 "batched": s.batched, "fallbacks": s.fallbacks,
+                "stuck": [stuck.row() for stuck in port.stuck()],
             })
         return rows
 

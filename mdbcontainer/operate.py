@@ -36,6 +36,9 @@ def show_ports(settings: Settings, as_json: bool) -> None:
     for r in rows:  # whole, whatever the width: it names the message that stopped the port
         if r["state"] != "started" and r.get("reason"):
             typer.echo(f"{r['port']} {r['state']}: {r['reason']}")
+        for stuck in r.get("stuck") or []:  # past handler_timeout: which message holds it
+            typer.echo(f"{r['port']} stuck: consumer {stuck['consumer']} in its handler for "
+                       f"{stuck['seconds']:.0f}s on message {', '.join(stuck['message_ids'])}")
 
 
 # The table's columns are the --json fields, one for one (an invalid body is
@@ -57,6 +60,8 @@ PORT_COLUMNS = (
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
+    if key == "state" and row.get("stuck"):  # a handler past handler_timeout: it needs a restart
+        return "stuck"
     if key == "since":
         return str(row.get("since", ""))[:19]
     if key == "batches":  # a batched port's batches and how full they ran: N x mean/size

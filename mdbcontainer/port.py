@@ -29,7 +29,7 @@ from .batching import pipeline_for
 from .broker import Publisher, Subscription, connection_errors, describe
 from .counts import DeliveryCounter
 from .errors import SubscriptionInUse
-from .handlers import HandlerSpec
+from .handlers import HandlerSpec, Running
 from .logs import fields
 from .outgoing import Outgoing
 from .pipeline import Decision, Pipeline
@@ -55,6 +55,27 @@ class PortStats:
     batches: int = 0  # batch units of work run (batched ports)
     batched: int = 0  # deliveries in them
     fallbacks: int = 0  # batches rolled back and run again one by one
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A consumer whose handler call has run past the port's ``handler_timeout``."""
+
+    port: str
+    consumer: int
+    message_ids: tuple[str, ...]
+    seconds: float
+    timeout: float
+
+    def describe(self) -> str:
+        ids = ", ".join(self.message_ids) or "-"
+        what = f"message {ids}" if len(self.message_ids) <= 1 else f"batch of messages {ids}"
+        return (f"port {self.port} consumer {self.consumer}: handler stuck for {self.seconds:.0f}s "
+                f"on {what} (handler_timeout {self.timeout:g}s)")
+
+    def row(self) -> dict[str, Any]:
+        return {"consumer": self.consumer, "message_ids": list(self.message_ids),
+                "seconds": round(self.seconds, 1)}
 
 
 @dataclass
@@ -171,6 +192,35 @@ class ListenerPort:
             if self.on_state_change is not None:
                 self.on_state_change()
 
+    def stuck(self, now: float | None = None) -> list[Stuck]:
+        """The consumers whose handler call has outlived ``handler_timeout`` (none when it is off)."""
+        return [stuck for stuck, _ in self._stuck_calls(now)]
+
+    def _stuck_calls(self, now: float | None = None) -> list[tuple[Stuck, Running]]:
+        timeout = self.settings.handler_timeout.total_seconds()
+        if timeout <= 0:
+            return []
+        now = time.monotonic() if now is None else now
+        found = []
+        for consumer in list(self.consumers):
+            running = consumer.running
+            seconds = running.seconds(now)
+            if seconds is not None and seconds > timeout:
+                found.append((Stuck(self.name, consumer.index, running.message_ids, seconds, timeout),
+                              running))
+        return found
+
+    def warn_stuck(self) -> None:
+        """One WARNING per stuck handler call, the first time it is seen past the timeout."""
+        for stuck, running in self._stuck_calls():
+            if running.warned:
+                continue
+            running.warned = True
+            log.warning("%s: it holds its prefetched messages; /healthz fails until it returns",
+                        stuck.describe(), extra=fields(port=self.name, outcome="stuck",
+                                                       message_id=",".join(stuck.message_ids),
+                                                       duration=round(stuck.seconds, 3)))
+
     # -- Maximum retries ---------------------------------------------------
 
     def record(self, outcome: str) -> None:
@@ -244,6 +294,7 @@ class PortConsumer:
         self.alive_at = time.monotonic()
         # Set by the pipeline while a delivery runs: /healthz and the in-flight gauge read it.
         self.delivering_since: float | None = None
+        self.running = Running()  # the handler call in progress (handler_timeout)
 
     @property
     def publisher(self) -> Publisher:
@@ -268,6 +319,7 @@ class PortConsumer:
 
     def _run(self) -> None:
         pipeline = pipeline_for(self.port, self)
+        pipeline.invoker.running = self.running
         mark_consumer_thread(self.port.name, self.port.settings)
         try:
             while self._should_run():

@@ -214,6 +214,8 @@ class PortFields(_Strict):
     autostart: bool = True
     batch_size: int = Field(default=1, ge=1, le=10000)
     batch_linger: Duration = timedelta(milliseconds=20)
+    # A handler call running longer is stuck: /healthz fails naming it (0: off).
+    handler_timeout: Duration = timedelta(0)
 
     @model_validator(mode="before")
     @classmethod

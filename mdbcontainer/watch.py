@@ -183,7 +183,8 @@ def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
         depth = sample.depths.get(queue_of(row))
         reason = str(row.get("reason") or "")
         table.add_row(
-            row["container"], row["port"], queue_of(row) or "-", _state(str(row["state"])),
+            row["container"], row["port"], queue_of(row) or "-",
+            _state("stuck" if row.get("stuck") else str(row["state"])),
             f"{rates.get(key, 0.0):.1f}", _number(row.get("consecutive_failures", 0), alarm=True),
             str(row.get("delivered", 0)), str(row.get("failed", 0)),
             str(row.get("backed_out", 0)), str(row.get("invalid_body", 0)),  # as --json counts them

@@ -476,3 +476,48 @@ def test_forty_consumers_holding_their_sessions_at_once_never_wait_on_the_pool(r
     assert rabbit.effects("Crowd") == {f"crowd-{n}": 1 for n in range(consumers)}
     assert readyz == {200}
     assert "database unavailable" not in container.output()
+
+
+# -- handler_timeout: a hung handler is seen ---------------------------------------------------
+
+
+def test_a_handler_past_handler_timeout_fails_healthz_shows_stuck_and_warns_once(
+        backend: Backend) -> None:
+    queue = backend.q("HUNG")
+    port = free_port()
+    settings = backend.write(ports={"Work": {"destination": queue, "handler_timeout": "2s"}},
+                             queues={queue: {}}, metrics_port=port)
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "sleep", "seconds": 0.5}, message_id="slow-ok")
+        wait_for(lambda: backend.effects("Work"), what="a handler within its timeout")
+        assert probe(port, "/healthz")[0] == 200
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 2, "action": "sleep", "seconds": 15}, message_id="hung-1")
+        wait_for(lambda: probe(port, "/healthz")[0] == 503, timeout=7, what="/healthz to fail")
+        status, body = probe(port, "/healthz")
+        assert status == 503 and body["status"] == "not alive", body
+        assert len(body["reasons"]) == 1, body
+        assert body["reasons"][0].startswith("port Work consumer 0: handler stuck for "), body
+        assert "on message hung-1 (handler_timeout 2s)" in body["reasons"][0], body
+        assert probe(port, "/readyz")[0] == 200, "stuck is a liveness failure, not readiness"
+
+        def stuck_rows() -> list[dict[str, Any]]:
+            result = mdb("ports", "--json", settings=settings, env=backend.env)
+            rows = [r for r in json.loads(result.stdout) if r["port"] == "Work" and r["stuck"]]
+            return rows
+
+        rows = wait_for(stuck_rows, timeout=5, what="mdb ports to show the consumer stuck")
+        assert rows[0]["state"] == "started"
+        assert rows[0]["stuck"][0]["consumer"] == 0
+        assert rows[0]["stuck"][0]["message_ids"] == ["hung-1"]
+        table = mdb("ports", settings=settings, env=backend.env).stdout
+        assert " stuck " in table.splitlines()[1] + " ", table
+        assert "Work stuck: consumer 0 in its handler for" in table and "message hung-1" in table
+        wait_for(lambda: probe(port, "/healthz")[0] == 200, timeout=25, what="/healthz back")
+        wait_for(lambda: backend.effects("Work")["hung-1"] == 1, what="the hung message handled")
+        warnings = [line for line in container.output().splitlines()
+                    if "WARNING" in line and "handler stuck" in line]
+        assert len(warnings) == 1, warnings
+        assert "port Work consumer 0: handler stuck for" in warnings[0]
+        assert "message hung-1" in warnings[0]
