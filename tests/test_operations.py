@@ -374,7 +374,8 @@ def _container(consumers: list[Any], *, state: str = "started", reason: str = ""
     from types import SimpleNamespace
 
     port = SimpleNamespace(consumers=consumers, stopping=stopping, state=state, reason=reason,
-                           settings=SimpleNamespace(autostart=autostart))
+                           settings=SimpleNamespace(autostart=autostart),
+                           stuck=lambda now=None: [])  # handler_timeout off
     resources = SimpleNamespace(shutting_down=False, outage_report=lambda: outages or {})
     return SimpleNamespace(ports={"Work": port}, threads=[], resources=resources)
 
