@@ -201,7 +201,8 @@ def pool_for(url: str, consumers: int) -> dict[str, int]:
     time out, and report the database unavailable. The pool opens connections
     only as they are needed; ``max_overflow`` is headroom, never the plan.
     """
-    if make_url(url).database in (None, "", ":memory:") and url.startswith("sqlite"):
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
         return {}  # one in-memory database per connection: SQLAlchemy's own pool, no sizes
     return {"pool_size": consumers + OWN_CONNECTIONS, "max_overflow": OWN_CONNECTIONS}
 
@@ -211,7 +212,8 @@ class Store:
 
     def __init__(self, settings: ContainerSettings, engine: Engine | None = None, *,
                  consumers: int | None = None) -> None:
-        """``consumers``: a container's, to size its pool (:func:`pool_for`); else a small pool."""
+        """``consumers``: a container's, to size its pool (:func:`pool_for`); without it (the
+        CLI's commands, the supervisor) the pool keeps :func:`make_engine`'s defaults."""
         sizes = pool_for(settings.database_url, consumers) if consumers is not None else {}
         self.engine = engine or make_engine(settings.database_url, timeout=settings.database_timeout,
                                             **sizes)
