@@ -184,24 +184,36 @@ def test_ports_page_shows_the_fleet_and_stops_and_starts_a_port(rabbit: Backend,
                                                                   tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    queue = rabbit.q("IN")
-    settings = work_settings(rabbit, queue)
+    queue, poisoned = rabbit.q("IN"), rabbit.q("POISON")
+    settings = rabbit.write(
+        ports={"Work": {"destination": queue, "max_retries": 10, "prefetch": 1},
+               "Poison": {"destination": poisoned}},  # max_retries 1: a poison message stops it
+        queues={queue: {"backout_threshold": 2}, poisoned: {}},
+    )
     with rabbit.container(settings) as container, console(rabbit, settings) as base:
         elsewhere = only_local_requests(page, base)
         with rabbit.producer(settings) as producer:
             producer.send(queue, {"n": 1, "action": "fail"}, message_id="poison-1")
             for n in range(5):
                 producer.send(queue, {"n": n, "action": "ok"}, message_id=f"ok-{n}")
+            producer.send(poisoned, {"n": 9, "action": "fail"}, message_id="poison-9")
         wait_for(lambda: (container.port_state("Work") or {}).get("backed_out") == 1, what="a backout")
+        wait_for(lambda: container.port_state("Poison")["state"] == "stopped", what="Poison stopped")
         page.goto(base + "/")
         row = page.locator('tr[data-port="Work"]')
         expect(row.locator(".state")).to_have_text("started")
         expect(row.locator("td.failure")).to_have_text("RuntimeError: poison message 1")
         expect(row).to_contain_text(container.rows()[0]["container"])
+        stopped = page.locator('tr[data-port="Poison"]')
+        expect(stopped.locator(".state")).to_have_text("stopped")
+        expect(stopped.locator(".reason")).to_contain_text("maximum retries (1) exceeded")
+        expect(stopped.locator("td.failure")).to_have_text("RuntimeError: poison message 9")
+        expect(page.get_by_role("button", name="Start Poison", exact=True)).to_be_visible()
         # The chart's rates come from samples the console takes: the handled ones show up.
         expect(row.locator("svg[role=img]")).to_have_attribute(
             "aria-label", re.compile(r"^[1-9]\d* handled and [1-9]\d* failed in the last 5 min$"),
             timeout=15_000)
+        screenshot(page, tmp_path, "ports")
 
         page.get_by_role("button", name="Stop Work", exact=True).click()
         started = time.monotonic()
@@ -219,7 +231,6 @@ def test_ports_page_shows_the_fleet_and_stops_and_starts_a_port(rabbit: Backend,
         assert time.monotonic() - started < 2.0
         assert page.evaluate("window.notReloaded") is True, "the page redrew itself"
         expect(page.get_by_role("button", name="Stop Work", exact=True)).to_be_visible()
-        screenshot(page, tmp_path, "ports")
 
         page.get_by_role("button", name="Stop Work", exact=True).click()
         expect(page.get_by_role("button", name="Start Work", exact=True)).to_be_visible(timeout=2_000)

@@ -66,11 +66,21 @@ class Rates:
 
 
 @dataclass(frozen=True)
-class Chart:
-    """An SVG sparkline of a series: two polylines in a WIDTH x HEIGHT box, and its totals."""
+class Bar:
+    """One bar of a chart, in SVG user units."""
 
-    handled: str
-    failed: str
+    x: float
+    y: float
+    width: float
+    height: float
+
+
+@dataclass(frozen=True)
+class Chart:
+    """Bars of handled and failed deliveries per bucket in a WIDTH x HEIGHT box, and their totals."""
+
+    handled: list[Bar]
+    failed: list[Bar]
     total_handled: int
     total_failed: int
     peak: int
@@ -80,14 +90,21 @@ class Chart:
 
     @classmethod
     def of(cls, series: list[tuple[int, int]]) -> Chart:
+        """Side by side in each bucket: handled, then failed, scaled to the highest of either."""
         peak = max([1, *(h for h, _ in series), *(f for _, f in series)])
-        step = cls.WIDTH / max(1, len(series) - 1)
+        slot = cls.WIDTH / max(1, len(series))
+        room = cls.HEIGHT - 3
 
-        def line(values: list[int]) -> str:
-            return " ".join(f"{i * step:.1f},{cls.HEIGHT - 2 - v * (cls.HEIGHT - 4) / peak:.1f}"
-                            for i, v in enumerate(values))
+        def bars(values: list[int], offset: float) -> list[Bar]:
+            out = []
+            for i, v in enumerate(values):
+                if v:
+                    height = max(1.5, v * room / peak)
+                    out.append(Bar(round(i * slot + offset, 2), round(cls.HEIGHT - 1 - height, 2),
+                                   round(slot * 0.42, 2), round(height, 2)))
+            return out
 
-        return cls(line([h for h, _ in series]), line([f for _, f in series]),
+        return cls(bars([h for h, _ in series], slot * 0.08), bars([f for _, f in series], slot * 0.5),
                    sum(h for h, _ in series), sum(f for _, f in series), peak)
 
 

@@ -20,6 +20,10 @@
   }
 
   function start() {
+    // A note of what an action did fades after a while: the page keeps changing under it.
+    document.querySelectorAll(".flash").forEach(function (note) {
+      window.setTimeout(function () { note.hidden = true; }, 10000);
+    });
     document.querySelectorAll("[data-refresh]").forEach(function (element) {
       var every = parseInt(element.getAttribute("data-every") || "1000", 10);
       window.setInterval(function () { redraw(element); }, every);
