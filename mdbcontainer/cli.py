@@ -473,8 +473,8 @@ def console(
     config: ConfigOption = None,
     bind: Annotated[
         str | None,
-        typer.Option("--bind", metavar="HOST:PORT",
-                     help="Address to serve (default: console.bind, 127.0.0.1:8089; any other "
+        typer.Option("--bind", metavar="ADDRESS",
+                     help="HOST:PORT to serve (default: console.bind, 127.0.0.1:8089; any other "
                           "host needs console.token)."),
     ] = None,
 ) -> None:

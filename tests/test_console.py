@@ -398,3 +398,23 @@ def test_an_action_without_the_csrf_token_or_by_get_changes_nothing(backend: Bac
                        {"Cookie": cookie, "X-CSRF-Token": csrf})[0] == 303, "the header serves too"
         wait_for(lambda: container.port_state("Work")["state"] == "stopped", what="Work stopped")
         assert [a.action for a in history(backend, settings)] == ["stop", "stop"]
+
+
+# -- History of the CLI's actions ---------------------------------------------------------------
+
+
+def test_the_cli_records_its_stops_starts_replays_and_purges_in_the_history(backend: Backend) -> None:
+    settings = work_settings(backend, backend.q("IN"))
+    dlq = backend.q("DLQ")
+    for args in (("port", "stop", "Work"), ("port", "start", "Work"), ("dlq", "replay", "--all"),
+                 ("dlq", "replay", "nowhere-1"), ("dlq", "purge", "--yes")):
+        mdb(*args, settings=settings, env=backend.env)
+    actions = history(backend, settings)
+    assert [(a.action, a.target, a.detail) for a in actions] == [
+        ("purge", dlq, "purged 0 message(s)"),
+        ("replay", dlq, "replayed 0 message(s) (nowhere-1); not found: nowhere-1"),
+        ("replay", dlq, "replayed 0 message(s) (all)"),
+        ("start", "Work", "started requested"),
+        ("stop", "Work", "stopped requested"),
+    ], "newest first"
+    assert all(a.origin == f"cli on {socket.gethostname()}" for a in actions)

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
 import anyio
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
@@ -32,6 +33,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from .. import dlq
+from ..broker import describe
 from ..endpoints import STOPPED_BY_OPERATOR
 from ..errors import MdbError
 from ..history import History
@@ -85,8 +87,13 @@ class Console:
     def done(self, to: str, note: str) -> Response:
         """303 back to the page, carrying a note of what was done for the next GET to show."""
         response = RedirectResponse(to, status_code=303)
-        response.set_cookie(FLASH_COOKIE, quote(note[:500]), httponly=True, samesite="strict", path="/")
+        response.set_cookie(FLASH_COOKIE, quote(mask_secrets(note)[:500]), httponly=True,
+                            samesite="strict", path="/")
         return response
+
+    async def unavailable(self, request: Request, exc: Exception) -> Response:
+        """The database or broker is away: one line saying so (masked), not a traceback."""
+        return self.page(request, "error.html", 503, error=mask_secrets(describe(exc)))
 
     async def refused(self, request: Request) -> Response:
         return self.page(request, "login.html", 401, error="")
@@ -272,4 +279,6 @@ def build_app(settings: Settings, store: Store, token: str | None) -> Starlette:
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={SQLAlchemyError: console.unavailable,
+                                         MdbError: console.unavailable},
                      middleware=[Middleware(TokenGate, token=token, refused=console.refused)])
