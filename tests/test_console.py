@@ -250,26 +250,49 @@ def test_backout_queue_page_shows_replays_and_purges_like_mdb_dlq(rabbit: Backen
                                                                   tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    queue, dlq = rabbit.q("IN"), rabbit.q("DLQ")
-    settings = work_settings(rabbit, queue)
+    queue, poisoned = rabbit.q("IN"), rabbit.q("POISON")
+    boq, dlq = rabbit.q("BOQ"), rabbit.q("DLQ")
+    settings = rabbit.write(
+        ports={"Work": {"destination": queue, "max_retries": 10, "prefetch": 1},
+               "Poison": {"destination": poisoned, "max_retries": 10}},
+        queues={queue: {"backout_threshold": 2, "backout_queue": boq},
+                poisoned: {"backout_threshold": 1}},  # its backout queue: the dead-letter queue
+    )
     big = "x" * 3000
     with rabbit.container(settings) as container, console(rabbit, settings) as base:
         with rabbit.producer(settings) as producer:
             for n in range(1, 5):
                 producer.send(queue, {"n": n, "action": "fail", "pad": big if n == 1 else ""},
                               message_id=f"bad-{n}")
-        wait_for(lambda: rabbit.probe(settings).count(dlq) == 4, what="four backouts")
-        # Replayed messages wait on their queue, so the page is seen without a new backout.
-        assert mdb("port", "stop", "Work", settings=settings, env=rabbit.env).returncode == 0
-        wait_for(lambda: container.port_state("Work")["state"] == "stopped", what="Work stopped")
+            for n in (1, 2):
+                producer.send(poisoned, {"n": n, "action": "fail"}, message_id=f"p-{n}")
+        wait_for(lambda: rabbit.probe(settings).count(boq) == 4, what="four backouts")
+        wait_for(lambda: rabbit.probe(settings).count(dlq) == 2, what="two dead letters")
+        # Replayed messages wait on their queues, so the page is seen without a new backout.
+        for port in ("Work", "Poison"):
+            assert mdb("port", "stop", port, settings=settings, env=rabbit.env).returncode == 0
+            wait_for(lambda p=port: container.port_state(p)["state"] == "stopped", what=f"{port} stopped")
 
-        page.goto(base + "/queues")
+        page.goto(base + "/queues")  # every backout queue of the settings, one section each
+        sections = page.locator("section.queue")
+        expect(sections).to_have_count(2)
         expect(page.get_by_role("heading", name=dlq, exact=True)).to_be_visible()
+        expect(page.get_by_role("heading", name=boq, exact=True)).to_be_visible()
+        expect(page.locator('tr[data-id="p-2"]')).to_contain_text(poisoned)
+        screenshot(page, tmp_path, "backout-queues")
+        page.get_by_role("button", name=f"Replay all on {dlq}", exact=True).click()
+        expect(page.get_by_role("status")).to_contain_text("replayed 2 message(s) (all)")
+        expect(page.locator(f'section[data-queue="{dlq}"]')).to_contain_text(f"No messages on {dlq}")
+        assert rabbit.probe(settings).count(poisoned) == 2
+
+        page.get_by_role("link", name=boq, exact=True).click()  # one queue alone
+        expect(sections).to_have_count(1)
         rows = page.locator("table.messages tbody tr")
         expect(rows).to_have_count(4)
         first = page.locator('tr[data-id="bad-1"]')
         for text in (queue, "Work", "backout-threshold", "RuntimeError: poison message 1"):
             expect(first).to_contain_text(text)
+        expect(page.get_by_role("button", name="Replay all", exact=True)).to_be_visible()
         screenshot(page, tmp_path, "backout-queue")
 
         page.get_by_role("link", name="Show message bad-1", exact=True).click()
@@ -290,12 +313,12 @@ def test_backout_queue_page_shows_replays_and_purges_like_mdb_dlq(rabbit: Backen
         expect(page.get_by_role("status")).to_contain_text("replayed 1 message(s) (bad-3)")
         expect(rows).to_have_count(2)
         assert rabbit.probe(settings).count(queue) == 2, "the replayed messages wait on their queue"
-        assert rabbit.probe(settings).count(dlq) == 2
+        assert rabbit.probe(settings).count(boq) == 2
 
         page.once("dialog", lambda dialog: dialog.dismiss())
-        page.get_by_role("button", name=f"Purge {dlq}", exact=True).click()
+        page.get_by_role("button", name=f"Purge {boq}", exact=True).click()
         expect(rows).to_have_count(2)
-        assert rabbit.probe(settings).count(dlq) == 2, "a purge not confirmed deletes nothing"
+        assert rabbit.probe(settings).count(boq) == 2, "a purge not confirmed deletes nothing"
         asked: list[str] = []
 
         def accept(dialog: Any) -> None:
@@ -303,19 +326,20 @@ def test_backout_queue_page_shows_replays_and_purges_like_mdb_dlq(rabbit: Backen
             dialog.accept()
 
         page.once("dialog", accept)
-        page.get_by_role("button", name=f"Purge {dlq}", exact=True).click()
-        expect(page.get_by_role("status")).to_contain_text(f"purged 2 message(s) from {dlq}")
+        page.get_by_role("button", name=f"Purge {boq}", exact=True).click()
+        expect(page.get_by_role("status")).to_contain_text(f"purged 2 message(s) from {boq}")
         expect(rows).to_have_count(0)
-        assert asked and dlq in asked[0], "the browser asked first"
-        assert rabbit.probe(settings).count(dlq) == 0
+        assert asked and boq in asked[0], "the browser asked first"
+        assert rabbit.probe(settings).count(boq) == 0
 
         page.get_by_role("link", name="History", exact=True).click()
         expect(page.get_by_role("heading", name="History", exact=True)).to_be_visible()
         actions = page.locator("table.history tbody tr")
-        expect(actions).to_have_count(4)
+        expect(actions).to_have_count(6)
         assert [a.get_attribute("data-action") for a in actions.all()] == [
-            "purge", "replay", "replay", "stop"], "newest first"
-        expect(actions.nth(3)).to_contain_text("cli on")
+            "purge", "replay", "replay", "replay", "stop", "stop"], "newest first"
+        expect(actions.nth(4)).to_contain_text("Poison")
+        expect(actions.nth(5)).to_contain_text("cli on")
         expect(actions.nth(0)).to_contain_text("console from 127.0.0.1")
         expect(actions.nth(1)).to_contain_text("replayed 1 message(s) (bad-3)")
         screenshot(page, tmp_path, "history")

@@ -109,16 +109,25 @@ class Console:
         return self.page(request, "port_rows.html", rows=rows)
 
     async def queue(self, request: Request) -> Response:
-        name = request.query_params.get("queue") or self.settings.container.dead_letter_queue
-        if name not in self.settings.backout_queues():
-            return self.page(request, "error.html", 404, error=f"{name} is not a backout queue "
+        """Every backout queue of the settings, one section each, or the one asked for."""
+        asked = request.query_params.get("queue")
+        if asked is not None and asked not in self.settings.backout_queues():
+            return self.page(request, "error.html", 404, error=f"{asked} is not a backout queue "
                              "named in the settings")
+        names = [asked] if asked else self.settings.backout_queues()
+        sections = [await run_in_threadpool(self.section, name) for name in names]
+        back = "/queues?" + urlencode({"queue": asked}) if asked else "/queues"
+        return self.page(request, "queues.html", sections=sections, asked=asked, back=back,
+                         one=len(sections) == 1)
+
+    def section(self, name: str) -> dict[str, Any]:
+        """One queue's part of the page: its first LIST_LIMIT messages and how many it holds."""
         try:
-            letters, total = await run_in_threadpool(dlq.browse_page, self.settings, name, LIST_LIMIT)
+            letters, total = dlq.browse_page(self.settings, name, LIST_LIMIT)
         except MdbError as exc:
-            return self.page(request, "error.html", 503, error=str(exc))
+            return {"queue": name, "rows": [], "total": 0, "error": mask_secrets(str(exc))}
         rows = [{**d.to_json(), "summary": mask_secrets(d.summary())} for d in letters]
-        return self.page(request, "queues.html", queue=name, rows=rows, total=total)
+        return {"queue": name, "rows": rows, "total": total, "error": ""}
 
     async def message(self, request: Request) -> Response:
         queue, mid = request.query_params.get("queue", ""), request.query_params.get("id", "")
@@ -181,7 +190,7 @@ class Console:
         queue = str(form.get("queue") or "")
         if queue not in self.settings.backout_queues():
             return self.page(request, "error.html", 404, error=f"{queue} is not a backout queue")
-        back = "/queues?" + urlencode({"queue": queue})
+        back = back_to(form, queue)
         replay_all = form.get("scope") == "all"
         ids = [str(form["one"])] if form.get("one") else [str(v) for v in form.getlist("selected")]
         if not ids and not replay_all:
@@ -203,13 +212,13 @@ class Console:
         if queue not in self.settings.backout_queues():
             return self.page(request, "error.html", 404, error=f"{queue} is not a backout queue")
         if form.get("confirmed") != "yes":  # no script ran the confirm: ask on a page of its own
-            return self.page(request, "confirm.html", queue=queue)
+            return self.page(request, "confirm.html", queue=queue, back=back_to(form, queue))
         try:
             name, count = await run_in_threadpool(dlq.purge, self.settings, queue)
         except MdbError as exc:
-            return self.done("/queues?" + urlencode({"queue": queue}), f"purge failed: {exc}")
+            return self.done(back_to(form, queue), f"purge failed: {exc}")
         await self.record(request, "purge", name, f"purged {count} message(s)")
-        return self.done("/queues?" + urlencode({"queue": name}), f"purged {count} message(s) from {name}")
+        return self.done(back_to(form, queue), f"purged {count} message(s) from {name}")
 
     async def record(self, request: Request, action: str, target: str, detail: str) -> None:
         client = request.client.host if request.client else "unknown"
@@ -224,6 +233,14 @@ class Console:
             with contextlib.suppress(Exception):  # a database away now is shown by the page itself
                 await run_in_threadpool(self.fleet.sample)
             await anyio.sleep(SAMPLE_EVERY)
+
+
+def back_to(form: FormData, queue: str) -> str:
+    """The page a form came from (a path of this console only), else its queue's page."""
+    back = str(form.get("back") or "")
+    if back == "/queues" or back.startswith("/queues?"):
+        return back
+    return "/queues?" + urlencode({"queue": queue})
 
 
 def shown(letter: dlq.DeadLetter, full: bool) -> dict[str, Any]:
