@@ -357,6 +357,8 @@ def test_another_bind_needs_a_token_and_every_request_without_it_is_401(backend:
     refused = mdb("console", "--bind", f"0.0.0.0:{port}", settings=settings, env=backend.env)
     line = one_line_error(refused, 2)
     assert "[console] token" in line and "0.0.0.0" in line
+    line = one_line_error(mdb("console", "--bind", "localhost", settings=settings, env=backend.env), 2)
+    assert "--bind 'localhost'" in line and "HOST:PORT" in line
 
     token = "s3cret-token-value"
     with console(backend, settings, bind=f"0.0.0.0:{port}", env={"MDB_CONSOLE__TOKEN": token}) as base:
@@ -409,6 +411,9 @@ def test_an_action_without_the_csrf_token_or_by_get_changes_nothing(backend: Bac
             assert "Work" not in Control(store).wanted(), "no switch was written"
         finally:
             store.dispose()
+        taken = base.removeprefix("http://")
+        line = one_line_error(mdb("console", "--bind", taken, settings=settings, env=backend.env), 1)
+        assert f"cannot bind {taken}" in line
 
         status, _, text = request(base, "POST", "/queues/purge",
                                   {"csrf_token": csrf, "queue": backend.q("DLQ")}, {"Cookie": cookie})
