@@ -447,3 +447,20 @@ def test_the_cli_records_its_stops_starts_replays_and_purges_in_the_history(back
         ("stop", "Work", "stopped requested"),
     ], "newest first"
     assert all(a.origin == f"cli on {socket.gethostname()}" for a in actions)
+
+
+def test_no_password_of_a_url_reaches_a_page(backend: Backend) -> None:
+    settings = work_settings(backend, backend.q("IN"))
+    dlq = backend.q("DLQ")
+    secret = "amqp://orders:hunter2@mq1//"
+    with backend.producer(settings) as producer:  # a backed-out message whose texts carry a URL
+        producer.send(dlq, {"callback": secret}, message_id="leaky",
+                      headers={"x-mdb-exception": f"RuntimeError: cannot reach {secret}",
+                               "x-mdb-original-destination": backend.q("IN"), "x-note": secret})
+    with console(backend, settings) as base:
+        pages = [request(base, "GET", path)[2] for path in (
+            "/queues", "/message?" + urlencode({"queue": dlq, "id": "leaky"}),
+            "/message?" + urlencode({"queue": dlq, "id": "leaky", "full": "1"}))]
+    assert all("leaky" in text for text in pages)
+    assert "amqp://orders:***@mq1//" in pages[1], "the URL is shown, its password masked"
+    assert not [text for text in pages if "hunter2" in text]

@@ -244,11 +244,15 @@ def back_to(form: FormData, queue: str) -> str:
 
 
 def shown(letter: dlq.DeadLetter, full: bool) -> dict[str, Any]:
-    """A backed-out message as its page shows it: headers, properties, the exception, the body."""
+    """A backed-out message as its page shows it: headers, properties, the exception, the body.
+
+    Every text is masked as a log line is: a URL's password in a body or a
+    header is not shown on a page (``mdb dlq show`` prints the body as it is).
+    """
     data = letter.to_json()
-    body = data["body"] if data["body_encoding"] != "json" else json.dumps(
-        data["body"], indent=2, ensure_ascii=False)
-    body = str(body)
+    raw, encoding = data.pop("body"), data["body_encoding"]
+    data.pop("headers")
+    body = mask_secrets(str(raw if encoding != "json" else json.dumps(raw, indent=2, ensure_ascii=False)))
     return {
         **data,
         "summary": mask_secrets(letter.summary()),
