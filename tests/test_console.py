@@ -464,3 +464,24 @@ def test_no_password_of_a_url_reaches_a_page(backend: Backend) -> None:
     assert all("leaky" in text for text in pages)
     assert "amqp://orders:***@mq1//" in pages[1], "the URL is shown, its password masked"
     assert not [text for text in pages if "hunter2" in text]
+
+
+def test_the_chart_counts_deliveries_per_bucket_and_takes_a_restart_for_a_new_count() -> None:
+    from mdbcontainer.console.fleet import BUCKETS, Chart, Rates
+
+    def rows(handled: int, failed: int) -> list[dict[str, Any]]:
+        return [{"container": "c1", "port": "Orders", "handled": handled, "failed": failed}]
+
+    rates = Rates()
+    for at, handled, failed in ((1000, 0, 0), (1002, 5, 1), (1015, 8, 1), (1020, 2, 0)):
+        rates.observe(rows(handled, failed), now=at)  # the last: the container restarted, from 0
+    series = rates.series(("c1", "Orders"), now=1020)
+    assert len(series) == BUCKETS
+    assert series[-2:] == [(5, 1), (3 + 2, 0)]
+    assert sum(h + f for h, f in series[:-2]) == 0
+    chart = Chart.of(series)
+    assert (chart.total_handled, chart.total_failed) == (10, 1)
+    assert len(chart.handled) == 2 and len(chart.failed) == 1
+    assert all(bar.y >= 0 and bar.y + bar.height <= Chart.HEIGHT for bar in chart.handled)
+    rates.observe(rows(2, 0), now=1400)
+    assert rates.series(("c1", "Orders"), now=1400) == [(0, 0)] * BUCKETS, "older than 5 minutes: gone"

@@ -21,6 +21,7 @@ from sqlalchemy import select
 
 from ..control import Control
 from ..logs import mask_secrets
+from ..operate import batch_figures
 from ..settings import Settings
 from ..store import Store
 
@@ -147,6 +148,7 @@ class Fleet:
                 "wanted": switch.state if switch else "started",
                 "chart": Chart.of(self.rates.series((row["container"], row["port"]))),
                 "last_failure": failures.get(str(row.get("queue") or ""), ""),
+                "batch_figures": batch_figures(row),  # as mdb ports shows them
             })
         return out
 
