@@ -198,6 +198,7 @@ def test_ports_page_shows_the_fleet_and_stops_and_starts_a_port(rabbit: Backend,
                 producer.send(queue, {"n": n, "action": "ok"}, message_id=f"ok-{n}")
             producer.send(poisoned, {"n": 9, "action": "fail"}, message_id="poison-9")
         wait_for(lambda: (container.port_state("Work") or {}).get("backed_out") == 1, what="a backout")
+        wait_for(lambda: container.port_state("Work")["handled"] == 5, what="five handled")
         wait_for(lambda: container.port_state("Poison")["state"] == "stopped", what="Poison stopped")
         page.goto(base + "/")
         row = page.locator('tr[data-port="Work"]')
