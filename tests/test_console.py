@@ -486,3 +486,15 @@ def test_the_chart_counts_deliveries_per_bucket_and_takes_a_restart_for_a_new_co
     assert all(bar.y >= 0 and bar.y + bar.height <= Chart.HEIGHT for bar in chart.handled)
     rates.observe(rows(2, 0), now=1400)
     assert rates.series(("c1", "Orders"), now=1400) == [(0, 0)] * BUCKETS, "older than 5 minutes: gone"
+
+
+def test_without_the_console_extra_the_command_says_what_to_install(tmp_path: Path) -> None:
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()  # a uvicorn that is not there, as on an install without the extra
+    (hidden / "uvicorn.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'uvicorn'\", name='uvicorn')\n")
+    settings = tmp_path / "settings.toml"
+    settings.write_text('[container]\nbroker_url = "embedded://broker.db"\n')
+    result = mdb("console", settings=settings, env={"PYTHONPATH": f"{hidden}{os.pathsep}{ROOT}"})
+    line = one_line_error(result, 2)
+    assert "uvicorn" in line and "pip install 'mdbcontainer[console]'" in line
