@@ -1,12 +1,12 @@
 """The console's pages and actions, over the same database and broker as the ``mdb`` commands.
 
 Pages (GET, which change nothing): Ports (``/``, its rows refreshed by the
-page every second from ``/ports/rows``), Backout queues (``/queues``, one
-queue at a time), a message (``/message``), History (``/history``). Actions
-(POST, each with the CSRF token) call what ``mdb port`` and ``mdb dlq`` call
-(:meth:`Control.set_port`, :func:`dlq.replay`, :func:`dlq.purge`), record
-the action in the history table, and answer 303 back to the page with a note
-of what was done.
+page every second from ``/ports/rows``), Backout queues (``/queues``, every
+backout queue of the settings, or ``?queue=NAME`` alone), a message
+(``/message``), History (``/history``). Actions (POST, each with the CSRF
+token) call what ``mdb port`` and ``mdb dlq`` call (:meth:`Control.set_port`,
+:func:`dlq.replay`, :func:`dlq.purge`), record the action in the history
+table, and answer 303 back to the page with a note of what was done.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Console:
         flash = request.cookies.get(FLASH_COOKIE)
         response = self.templates.TemplateResponse(request, name, {
             "csrf": csrf_token(request), "csrf_field": CSRF_FIELD, "flash": flash,
-            "queues": self.settings.backout_queues(), "login": bool(self.token), **context,
+            "queues": self.settings.backout_queues(), **context,
         }, status_code=status)
         if flash:
             response.delete_cookie(FLASH_COOKIE, path="/")
@@ -102,7 +102,7 @@ class Console:
 
     async def ports(self, request: Request) -> Response:
         rows = await run_in_threadpool(self.fleet.ports)
-        return self.page(request, "ports.html", rows=rows, stopped_reason=STOPPED_BY_OPERATOR)
+        return self.page(request, "ports.html", rows=rows)
 
     async def port_rows(self, request: Request) -> Response:
         rows = await run_in_threadpool(self.fleet.ports)
@@ -137,7 +137,7 @@ class Console:
         try:
             found = await run_in_threadpool(dlq.find, self.settings, mid, queue)
         except MdbError as exc:
-            return self.page(request, "error.html", 404, error=str(exc))
+            return self.page(request, "error.html", 404, error=mask_secrets(str(exc)))
         return self.page(request, "message.html", queue=queue, id=mid, full=full,
                          copies=[shown(letter, full) for letter in found])
 
