@@ -349,8 +349,8 @@ def test_backout_queue_page_shows_replays_and_purges_like_mdb_dlq(rabbit: Backen
 # -- Security ---------------------------------------------------------------------------------------
 
 
-def test_another_bind_needs_a_token_and_every_request_without_it_is_401(backend: Backend,
-                                                                        page: Any) -> None:
+def test_another_bind_needs_a_token_and_every_request_without_it_is_401(backend: Backend, page: Any,
+                                                                        tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     settings = work_settings(backend, backend.q("IN"))
@@ -381,6 +381,7 @@ def test_another_bind_needs_a_token_and_every_request_without_it_is_401(backend:
         page.get_by_label("Token").fill("not it")
         page.get_by_role("button", name="Log in").click()
         expect(page.get_by_role("alert")).to_contain_text("not the console's token")
+        screenshot(page, tmp_path, "login")
         page.get_by_label("Token").fill(token)
         page.get_by_role("button", name="Log in").click()
         expect(page.get_by_role("heading", name="Ports", exact=True)).to_be_visible()
