@@ -21,7 +21,8 @@ from typer.core import TyperCommand
 try:  # recent typer vendors click; before, it used click itself
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
 except ImportError:  # pragma: no cover
-    from click.exceptions import (  # type: ignore[import-not-found,no-redef]
+    # click is there beside a recent typer too when the console extra (uvicorn) is installed
+    from click.exceptions import (  # type: ignore[import-not-found,no-redef,assignment,unused-ignore]
         ClickException,
         NoArgsIsHelpError,
     )
@@ -466,6 +467,26 @@ def dlq_purge(
         name = name or settings.container.dead_letter_queue
         usage_error(f"purge deletes every message on {name}: add --yes to confirm")
     guarded(lambda: purge_command(settings, name))
+
+
+@app.command(cls=Command)
+def console(
+    config: ConfigOption = None,
+    bind: Annotated[
+        str | None,
+        typer.Option("--bind", metavar="ADDRESS",
+                     help="HOST:PORT to serve (default: console.bind, 127.0.0.1:8089; any other "
+                          "host needs console.token)."),
+    ] = None,
+) -> None:
+    """Serve the operators' web page: ports, backout queues, history (needs mdbcontainer[console])."""
+    try:
+        from .console import serve
+    except ImportError as exc:  # the optional extra is not installed
+        fail(f"mdb console needs {exc.name or 'its libraries'}: pip install 'mdbcontainer[console]'", 2)
+    settings = settings_for(config)
+    setup_logging(settings.container)
+    raise typer.Exit(guarded(lambda: serve(settings, bind)))
 
 
 # -- request/reply and durable subscriptions (seed 001) ----------------------------

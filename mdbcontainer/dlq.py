@@ -37,6 +37,7 @@ from .broker import Broker, Publisher, connection_errors, describe
 from .crash import crash_point
 from .delivery import Delivery, HeldMessages, body_bytes
 from .errors import BrokerUnavailable, DlqError, MdbError, PublishError
+from .history import record_cli
 from .message import content_type_of
 from .outgoing import Outgoing
 from .settings import Settings
@@ -451,6 +452,8 @@ def replay_command(
 ) -> None:
     """``mdb dlq replay``: print how many moved; a missing id or a refused publish is exit 1."""
     result = replay(settings, ids, replay_all=replay_all, queue=queue, to=to)
+    record_cli(settings, "replay", queue or ", ".join(settings.backout_queues()), replay_detail(
+        result, ids, replay_all, to))
     typer.echo(f"replayed {result.replayed} message(s)")
     problems = list(result.problems)
     if result.missing:
@@ -460,6 +463,16 @@ def replay_command(
         raise DlqError("; ".join(problems))
 
 
+def replay_detail(result: ReplayResult, ids: list[str], replay_all: bool, to: str | None) -> str:
+    """A replay as the history shows it: how many moved, of which ids, where, what stayed."""
+    which = "all" if replay_all else ", ".join(ids)
+    text = f"replayed {result.replayed} message(s) ({which})" + (f" to {to}" if to else "")
+    if result.missing:
+        text += f"; not found: {', '.join(result.missing)}"
+    return "; ".join([text, *result.problems])
+
+
 def purge_command(settings: Settings, queue: str | None) -> None:
     name, count = purge(settings, queue)
+    record_cli(settings, "purge", name, f"purged {count} message(s)")
     typer.echo(f"purged {count} message(s) from {name}")

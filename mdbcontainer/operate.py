@@ -12,6 +12,7 @@ import typer
 from .control import Control
 from .dedup import Dedup
 from .errors import ListenerError
+from .history import record_cli
 from .settings import Settings, format_duration, parse_duration
 from .store import Store
 from .tables import Column, fit
@@ -95,6 +96,7 @@ def switch_port(settings: Settings, name: str, state: str, as_json: bool = False
         )
     reason = "" if state == "started" else STOPPED_BY_OPERATOR
     Control(_store(settings)).set_port(name, state, reason)
+    record_cli(settings, "start" if state == "started" else "stop", name, f"{state} requested")
     within = format_duration(settings.container.control_interval)
     if as_json:
         typer.echo(json.dumps({"port": name, "requested": state, "within": within}))

@@ -164,6 +164,14 @@ class ContainerSettings(_Strict):
         return value
 
 
+class ConsoleSettings(_Strict):
+    """``[console]``: the operators' web page (``mdb console``, README "The console")."""
+
+    bind: str = "127.0.0.1:8089"
+    # Required to bind any address but loopback: whoever reaches the page can stop ports.
+    token: str | None = None
+
+
 class QueueSettings(_Strict):
     """``[queues.NAME]``: properties of a destination, declared by the container."""
 
@@ -317,6 +325,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid", frozen=True)
 
     container: ContainerSettings = Field(default_factory=ContainerSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     queues: dict[str, QueueSettings] = Field(default_factory=dict)
     topics: dict[str, TopicSettings] = Field(default_factory=dict)
     # Each table's keys, typed; the port as a whole is validated at bind time, merged

@@ -52,6 +52,7 @@ class Tables:
     outbox: Table
     port: Table
     container: Table
+    history: Table
 
     @classmethod
     def build(cls, prefix: str = "mdb_", schema: str | None = None) -> Tables:
@@ -109,7 +110,20 @@ class Tables:
             Column("stopped", Boolean, nullable=False, default=False),
             Column("stats", Text, nullable=False),
         )  # fmt: skip
-        return cls(md, dedup, delivery, outbox, port, container)
+        # What operators did (port stop/start, replay, purge), from the console or the CLI.
+        history = Table(
+            f"{prefix}history", md,
+            Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                   autoincrement=True),
+            Column("at", ts, nullable=False),
+            Column("action", String(16), nullable=False),
+            Column("target", String(255), nullable=False),
+            Column("detail", Text, nullable=False),
+            Column("origin", String(255), nullable=False),
+            Column("actor", String(255)),
+            Index(f"ix_{prefix}history_at", "at"),
+        )  # fmt: skip
+        return cls(md, dedup, delivery, outbox, port, container, history)
 
 
 # libpq-based drivers take these connection parameters.
