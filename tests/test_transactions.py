@@ -282,3 +282,44 @@ def test_a_handler_sql_error_is_a_failed_delivery_not_a_database_outage(backend:
     assert [a[3] for a in backend.attempts()] == [0, 1]
     dead = backend.probe(settings).take_all(backend.q("DLQ"))
     assert "no_such_table" in dict(dead[0].headers)["x-mdb-exception"]
+
+
+@pytest.mark.parametrize(("port", "extra"), [
+    ("Upsert", {}),  # container-managed, one message a unit of work
+    ("UpsertBean", {}),  # bean-managed, one message
+    ("Upsert", {"batch_size": 10, "batch_linger": "300ms"}),  # container-managed batch
+    ("UpsertBatch", {"batch_size": 10, "batch_linger": "300ms"}),  # container-managed batch handler
+    ("UpsertBatch", {"batch_size": 10, "batch_linger": "300ms", "transaction": "bean"}),
+], ids=["container", "bean", "container-batch", "batch-handler", "bean-batch"])
+def test_a_database_error_the_handler_swallowed_is_never_acknowledged_as_handled(
+    backend: Backend, port: str, extra: dict[str, Any],
+) -> None:
+    """PostgreSQL aborts the transaction at the error the handler caught; COMMIT then rolls
+    back without raising. Such a unit did not commit: a failed delivery (a batch runs each
+    message alone), never acknowledged with its rows and dedup marks gone."""
+    queue = backend.q("UPSERT")
+    settings = backend.write(ports={port: {"destination": queue, "max_retries": 10, **extra}},
+                             queues={queue: {"backout_threshold": 2}},
+                             listeners=["tests.apps.upsert"])
+    ids = [f"u-{i}" for i in range(7)]
+    # Each inserts a key of its own, but u-6 inserts u-0's key again: "already there".
+    send_all(backend, settings, queue, [(f"u-{i}", {"n": i, "key": f"k-{i % 6}"}) for i in range(7)])
+    with backend.container(settings) as container:
+        wait_for(lambda: backend.probe(settings).count(queue) == 0
+                 and sum((container.port_state(port) or {}).get(k, 0) for k in ("handled", "backed_out"))
+                 == 7, timeout=30, what="every message handled or backed out")
+        row = container.port_state(port) or {}
+        log = container.output()
+    committed = backend.effects(port)
+    dead = dead_letters(backend, settings)
+    assert set(committed) | set(dead) == set(ids), f"lost: committed {committed}, backed out {list(dead)}"
+    assert not set(committed) & set(dead) and set(committed.values()) == {1}
+    assert row["handled"] == len(committed), "acknowledged as handled only with its work committed"
+    if backend.kind == "rabbitmq":  # the aborted unit failed: counted, then backed out
+        assert len(dead) == 1, list(dead)
+        exception = headers_of(next(iter(dead.values())))["x-mdb-exception"]
+        assert "TransactionAborted" in exception and "savepoint" in exception, exception
+        assert row["failed"] == 2 and row["state"] == "started", row
+    else:  # SQLite fails the statement alone: the key was there, the rest commits
+        assert dead == {} and len(committed) == 7, (list(dead), committed)
+    assert "Traceback" not in log.split("delivery failed")[0]
