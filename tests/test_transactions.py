@@ -299,8 +299,7 @@ def test_a_database_error_the_handler_swallowed_is_never_acknowledged_as_handled
     message alone), never acknowledged with its rows and dedup marks gone."""
     queue = backend.q("UPSERT")
     settings = backend.write(ports={port: {"destination": queue, "max_retries": 10, **extra}},
-                             queues={queue: {"backout_threshold": 2}},
-                             listeners=["tests.apps.upsert"])
+                             queues={queue: {"backout_threshold": 2}})
     ids = [f"u-{i}" for i in range(7)]
     # Each inserts a key of its own, but u-6 inserts u-0's key again: "already there".
     send_all(backend, settings, queue, [(f"u-{i}", {"n": i, "key": f"k-{i % 6}"}) for i in range(7)])

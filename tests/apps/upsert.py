@@ -6,8 +6,9 @@ already, the common idiom written without a savepoint. On PostgreSQL that
 error aborts the whole transaction (the ``effects`` rows and the dedup marks
 with it) and its COMMIT then rolls back without raising; on SQLite only the
 statement fails. ``Upsert`` takes its transaction from the settings
-(container-managed, per message or on a batched port); ``UpsertBean`` is
-bean-managed; ``UpsertBatch`` is a batch handler, container- or bean-managed.
+(container-managed, per message or on a batched port); ``UpsertBean``
+(upsertbean.py) is bean-managed; ``UpsertBatch`` (upsertbatch.py) is a batch
+handler, container- or bean-managed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
-from mdbcontainer import BatchContext, Message, MessageContext, TransactionError, message_driven
+from mdbcontainer import Message, MessageContext, message_driven
 
 from .common import effects, log_attempt, unique_keys
 
@@ -34,22 +35,3 @@ def upsert(port: str, message: Message, session: Any) -> None:
 @message_driven("Upsert")
 def on_upsert(message: Message, ctx: MessageContext) -> None:
     upsert("Upsert", message, ctx.session)
-
-
-@message_driven("UpsertBean", transaction="bean")
-def on_upsert_bean(message: Message, ctx: MessageContext) -> None:
-    with ctx.transaction() as session:
-        upsert("UpsertBean", message, session)
-
-
-@message_driven("UpsertBatch", batch=True)
-def on_upsert_batch(messages: list[Message], ctx: BatchContext) -> None:
-    try:
-        session = ctx.session
-    except TransactionError:  # bean-managed: one ctx.transaction() for the batch
-        with ctx.transaction() as session:
-            for message in messages:
-                upsert("UpsertBatch", message, session)
-        return
-    for message in messages:
-        upsert("UpsertBatch", message, session)
