@@ -7,6 +7,8 @@ a queue, what the container logged and what landed in the backout queue.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,9 @@ from sqlalchemy import exc as sa_exc
 
 from mdbcontainer.broker import Broker
 from mdbcontainer.store import Tables
-from mdbcontainer.testing import headers_of, wait_for
+from mdbcontainer.testing import headers_of, mdb, wait_for
 from mdbcontainer.transactions import is_infrastructure
-from tests.conftest import Backend
+from tests.conftest import ROOT, Backend, one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -322,3 +324,26 @@ def test_a_database_error_the_handler_swallowed_is_never_acknowledged_as_handled
     else:  # SQLite fails the statement alone: the key was there, the rest commits
         assert dead == {} and len(committed) == 7, (list(dead), committed)
     assert "Traceback" not in log.split("delivery failed")[0]
+
+
+def test_on_sqlite_database_timeout_bounds_the_wait_for_the_write_lock(tmp_path: Path) -> None:
+    """``database_timeout`` is SQLite's busy timeout: with the write lock held elsewhere,
+    ``mdb port stop`` gives up within it, in one line, instead of after a fixed 30 s."""
+    backend = Backend("embedded", tmp_path)
+    try:
+        settings = backend.write(ports={"Work": {"destination": backend.q("Q")}},
+                                 database_timeout="2s")
+        assert mdb("port", "start", "Work", settings=settings, env=backend.env, cwd=ROOT).returncode == 0
+        holder = sqlite3.connect(tmp_path / "container.db", isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # another writer holds the one write lock
+            began = time.monotonic()
+            result = mdb("port", "stop", "Work", settings=settings, env=backend.env, cwd=ROOT)
+            took = time.monotonic() - began
+        finally:
+            holder.close()
+    finally:
+        backend.close()
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "locked" in one_line_error(result)
+    assert took < 20, f"waited {took:.1f}s for the lock, not database_timeout (2s)"
