@@ -144,10 +144,10 @@ class _BeanBatch(UnitOfWork):
             raise TransactionError(f"port {self.port!r}: ctx.transaction() is once per batch")
         self.opened = True
         first = self.once_only and claims_first(store)
-        if self.once_only and not first:  # SQLite: a short read, the claim goes last
-            _no_duplicates(dedup.seen_many(self.port, self.message_ids), set())
         session = self.session = store.session()
         try:
+            if self.once_only and not first:  # SQLite: a short read, the claim goes last
+                _no_duplicates(dedup.seen_many(self.port, self.message_ids), set())
             with session.begin() as begun:
                 if first:
                     _no_duplicates(self.message_ids, dedup.claim_many(session, self.port,

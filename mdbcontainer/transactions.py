@@ -318,10 +318,10 @@ class BeanManaged(UnitOfWork):
         if self._opened:
             raise TransactionError(f"port {self.port!r}: ctx.transaction() is once per delivery")
         self._opened = True
-        if self._already_applied():
-            raise DuplicateMessage(self.message_id)
         session = self.session = store.session()
         try:
+            if self._already_applied():
+                raise DuplicateMessage(self.message_id)
             with session.begin() as begun:
                 if self._claim_first and not self._claim(session):
                     raise DuplicateMessage(self.message_id)
