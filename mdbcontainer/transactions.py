@@ -74,8 +74,8 @@ def ensure_open(session: Session, begun: SessionTransaction) -> None:
     """
     if session.get_transaction() is not begun or not begun.is_active:
         raise TransactionAborted(
-            "the session's transaction was rolled back inside the handler (a failed flush "
-            "caught, or session.rollback()): nothing of it committed"
+            "the session's transaction was ended inside the handler (a failed flush caught, "
+            "session.rollback() or session.commit()): the container's unit of work cannot commit"
         )
     if _ended_by_database(session.connection()):
         raise TransactionAborted(
