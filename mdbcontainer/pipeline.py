@@ -309,7 +309,11 @@ class Pipeline:
         count = message.redelivery_count + 1
         self._log(logging.WARNING, "failed", message.id, message.redelivery_count,
                   describe(outcome.error))
-        self.resources.counter.fail(self.queue, message.id, text)
+        # Counted before the requeue; while the database is away the count (and the message) waits.
+        counted = self._through_outages(lambda: self.resources.counter.fail(self.queue, message.id, text))
+        if counted is _GAVE_UP:  # the port stopped meanwhile: back uncounted, as a hand-back
+            self.acks.hand_back(delivery, message.id)
+            return
         self.port.record("failed")
         decision = self.port.after_failure()
         if decision == "stop":

@@ -126,6 +126,7 @@ class Tables:
         return cls(md, dedup, delivery, outbox, port, container, history)
 
 
+_SQLITE_BUSY = timedelta(seconds=30)  # without a database_timeout (tools that pass none)
 # libpq-based drivers take these connection parameters.
 _LIBPQ_DRIVERS = frozenset({"psycopg", "psycopg2", "psycopg2cffi"})
 
@@ -157,12 +158,13 @@ def make_engine(url: str, *, timeout: timedelta | None = None, **kwargs: Any) ->
     """An engine for ``url``; on SQLite, WAL, a busy timeout and explicit BEGINs.
 
     ``timeout`` (``[container] database_timeout``): on PostgreSQL, the bound of
-    :func:`timeout_parameters`; parameters the URL sets itself are kept.
+    :func:`timeout_parameters`; parameters the URL sets itself are kept. On
+    SQLite, the busy timeout: how long a write waits for the one write lock.
 
     On SQLite a plain (deferred) BEGIN lets readers such as ``mdb ports`` run
-    beside a handler's open transaction; the container's units of work start
-    with their dedup claim, a write, so they take the write lock first and
-    queue on the busy timeout instead of failing on a lock upgrade.
+    beside a handler's open transaction; the container's units of work claim
+    their dedup rows last, so a handler holds the write lock only from its own
+    first write to the commit, never while it computes or waits.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
@@ -183,14 +185,16 @@ def make_engine(url: str, *, timeout: timedelta | None = None, **kwargs: Any) ->
         from pathlib import Path
 
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
+    # The busy timeout: how long a write waits for SQLite's one write lock (database_timeout).
+    busy = (timeout or _SQLITE_BUSY).total_seconds()
+    engine = create_engine(url, connect_args={"timeout": busy, "check_same_thread": False}, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         # The driver's own implicit BEGIN would take a read lock and fail on upgrade.
         dbapi_connection.isolation_level = None
         dbapi_connection.execute("PRAGMA journal_mode=WAL")
-        dbapi_connection.execute("PRAGMA busy_timeout=30000")
+        dbapi_connection.execute(f"PRAGMA busy_timeout={round(busy * 1000)}")
         dbapi_connection.execute("PRAGMA synchronous=NORMAL")
 
     @event.listens_for(engine, "begin")
