@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .async_pipeline import AsyncPipeline
 from .batches import BatchItem, BatchOutcome, BatchRunner
 from .broker import Publish, connection_errors, describe
 from .crash import crash_point
@@ -262,4 +263,6 @@ def pipeline_for(port: BatchPortView, consumer: ConsumerView) -> Pipeline:
     """The per-message pipeline, or the batch pipeline of a batched port."""
     if port.settings.batch_size > 1 or port.spec.batch:
         return BatchPipeline(port, consumer)
+    if port.spec.is_async:
+        return AsyncPipeline(port, consumer)
     return Pipeline(port, consumer)

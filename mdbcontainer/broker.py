@@ -636,6 +636,29 @@ class Subscription:
         with using(self._beat), suppress(socket.timeout, TimeoutError):
             self.conn.drain_events(timeout=timeout)
 
+    def drain_ready(self, limit: int = 1000) -> int:
+        """Read what has already arrived, without waiting; return the frames read.
+
+        For an event loop's consumer: py-amqp reads one frame per call (a message
+        is three), so this reads until the socket has nothing more, and a frame
+        cut in two is completed (py-amqp keeps the part it read).
+        """
+        assert self.conn is not None
+        read = 0
+        with using(self._beat), suppress(socket.timeout, TimeoutError):
+            while read < limit:
+                self.conn.drain_events(timeout=0)
+                read += 1
+        return read
+
+    def fileno(self) -> int | None:
+        """The socket an event loop can watch for deliveries (None: the transport polls)."""
+        sock = getattr(getattr(getattr(self.conn, "connection", None), "transport", None), "sock", None)
+        try:
+            return sock.fileno() if sock is not None else None
+        except OSError:
+            return None
+
     def cancel(self) -> None:
         """Stop consuming; deliveries already sent before the cancel still reach ``on_message``."""
         if self._consumer is not None:

@@ -88,12 +88,42 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
                 f"in {settings.source} or @message_driven({name!r}, destination=...)"
                 + misspelled(name, [p for p in settings.ports if p not in handlers], handlers)
             )
-        bindings.append(Binding(name, spec, validate_port(settings.source, name, merged, settings.overrides)))
+        port = _async_port(settings, name, spec, validate_port(settings.source, name, merged,
+                                                               settings.overrides), merged)
+        bindings.append(Binding(name, spec, port))
         _refuse_backout_loop(settings, name, bindings[-1].settings)
         _refuse_bean_batch_without_list(settings, name, bindings[-1])
     if not bindings:
         raise ListenerError(f"{settings.source}: no ports: container.listeners registers no handler")
     return [b for b in bindings if not only or b.name in only]
+
+
+def _async_port(settings: Settings, name: str, spec: HandlerSpec, port: PortSettings,
+                merged: dict[str, Any]) -> PortSettings:
+    """An async handler's port: one connection feeds ``concurrency`` tasks, acknowledged as they end.
+
+    So its prefetch is at least ``concurrency`` (raised when the settings leave it
+    out, refused when they set it lower), and only ``acknowledge = "auto"`` fits
+    deliveries that end in any order.
+    """
+    if not spec.is_async:
+        return port
+    if port.acknowledge != "auto":
+        raise SettingsError(
+            f"{settings.source}: ports.{name}.acknowledge: {spec.name} is async def, whose "
+            f"deliveries end in any order: it needs acknowledge = 'auto', not {port.acknowledge!r}"
+        )
+    if port.batch_size > 1 or spec.batch:
+        return port
+    if "prefetch" not in merged:
+        return port.model_copy(update={"prefetch": max(port.prefetch, port.concurrency)})
+    if port.prefetch < port.concurrency:
+        raise SettingsError(
+            f"{settings.source}: ports.{name}.prefetch: {port.prefetch} is below concurrency "
+            f"({port.concurrency}), but {spec.name} is async def: its tasks are fed by one "
+            "connection; raise prefetch or leave it out (then it is at least concurrency)"
+        )
+    return port
 
 
 def _refuse_bean_batch_without_list(settings: Settings, name: str, binding: Binding) -> None:

@@ -51,15 +51,27 @@ class HandlerSpec:
         """How the container calls the handler; ListenerError naming it when it cannot."""
         if not self.is_bean:
             return read_signature(self.name, self.target, method=False, batch=self.batch)
-        for hook in ("setup", "teardown"):  # a coroutine here would never be awaited either
-            method = getattr(self.target, hook, None)
-            if inspect.iscoroutinefunction(method):
-                raise ListenerError(f"{self.name}.{hook}: an async def {hook} is not supported "
-                                    "yet (it would never be awaited): define it with def")
         static = inspect.getattr_static(self.target, "on_message", None)
         method = not isinstance(static, staticmethod | classmethod)
-        return read_signature(f"{self.name}.on_message", self.target.on_message, method=method,
-                              batch=self.batch)
+        signature = read_signature(f"{self.name}.on_message", self.target.on_message, method=method,
+                                   batch=self.batch)
+        for hook in ("setup", "teardown"):  # awaited only on an event loop: an async bean's
+            if inspect.iscoroutinefunction(getattr(self.target, hook, None)) and not signature.is_async:
+                raise ListenerError(f"{self.name}.{hook}: an async def {hook} needs an async def "
+                                    "on_message (a synchronous bean has no event loop to await it)")
+        return signature
+
+    @property
+    def is_async(self) -> bool:
+        """An ``async def`` handler (or bean ``on_message``): its port runs an event loop."""
+        target = self.target.on_message if self.is_bean else self.target
+        return inspect.iscoroutinefunction(target)
+
+    @property
+    def code(self) -> Any:
+        """The handler's code object, to recognise it on a blocked thread's stack."""
+        target = self.target.on_message if self.is_bean else self.target
+        return getattr(target, "__code__", None)
 
 
 def message_driven(port: str, *, batch: bool = False, **port_defaults: Any) -> Callable[[H], H]:
@@ -234,6 +246,40 @@ class Invoker:
         except BaseException:
             self.discard()
             raise
+
+    async def acall(self, argument: Any, ctx: Any) -> None:
+        """Await an async handler (a task on its port's event loop; see docs/architecture.md)."""
+        args = (argument, ctx) if self.takes_context else (argument,)
+        if not self.spec.is_bean:
+            await self.spec.target(*args)
+            return
+        bean = await self._ainstance()
+        try:
+            await bean.on_message(*args)
+        except BaseException:
+            await self.adiscard()
+            raise
+
+    async def _ainstance(self) -> Any:
+        if self._bean is None:
+            bean = self.spec.target()
+            setup = getattr(bean, "setup", None)
+            if callable(setup) and inspect.isawaitable(result := setup()):
+                await result
+            self._bean = bean
+        return self._bean
+
+    async def adiscard(self) -> None:
+        """Tear an async bean's instance down, awaiting an ``async def teardown``."""
+        bean, self._bean = self._bean, None
+        teardown = getattr(bean, "teardown", None)
+        if not callable(teardown):
+            return
+        try:
+            if inspect.isawaitable(result := teardown()):
+                await result
+        except Exception:
+            log.exception("%s: teardown raised; the instance is discarded anyway", self.spec.name)
 
     def _instance(self) -> Any:
         if self._bean is None:

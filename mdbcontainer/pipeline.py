@@ -149,6 +149,10 @@ class Pipeline:
     def release(self) -> None:
         """The channel is gone: forget what was received but not started."""
 
+    def close(self) -> None:
+        """The consumer ends: tear down its bean instance."""
+        self.invoker.discard()
+
     def _through_outages(self, call: Callable[[], T], failed: Callable[[T], bool] | None = None) -> Any:
         """Run ``call``, holding the delivery while the database is away (returns ``_GAVE_UP``
         when the port stops meanwhile). The first try is outside tenacity: the hot path."""
@@ -186,25 +190,32 @@ class Pipeline:
         self.port.stop_for_failures(str(delivery.message_id), exc, internal=True)
 
     def _process(self, delivery: Delivery) -> None:
+        message = self._prepare(delivery)
+        if message is not None:
+            self._deliver(delivery, message)
+
+    def _prepare(self, delivery: Delivery) -> Message | None:
+        """Steps 1-6; the message (its handler argument in ``_argument``) when it goes on to 7.
+
+        The async pipeline (``async_pipeline.py``) runs these same steps before its task awaits
+        the unit of work.
+        """
         if self.consumer.handing_back or self.port.stopping:
             self.acks.hand_back(delivery, delivery.message_id)
-            return
+            return None
         if self._expired(delivery):
-            return
+            return None
         message_id = self._identify(delivery)
         if message_id is None:
-            return
+            return None
         count, last_error = self._count(delivery, message_id)
         if count is None:
-            return
+            return None
         if self.threshold and count >= self.threshold:
             self._back_out(delivery, REASON_THRESHOLD, count, last_error)
             self.port.after_backout()
-            return
-        message = self._decode(delivery, message_id, count)
-        if message is None:
-            return
-        self._deliver(delivery, message)
+            return None
+        return self._decode(delivery, message_id, count)
 
     def _expired(self, delivery: Delivery) -> bool:
         # The AMQP timestamp has whole seconds: allow one, so nothing expires early.
@@ -254,6 +265,10 @@ class Pipeline:
         crash_point("before-handler")
         outcome = self._through_outages(lambda: self._run(delivery, message),
                                         failed=lambda o: o.kind == "infrastructure")
+        self._conclude(delivery, message, outcome, started)
+
+    def _conclude(self, delivery: Delivery, message: Message, outcome: Any, started: float) -> None:
+        """Step 8 for the outcome of step 7 (``_GAVE_UP``: the port stopped during an outage)."""
         if outcome is _GAVE_UP:
             self.acks.hand_back(delivery, message.id)
             return

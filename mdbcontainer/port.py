@@ -25,6 +25,7 @@ from typing import Any
 import tenacity
 
 from .acknowledge import acknowledger_for, check_mode
+from .async_pipeline import AsyncPipeline
 from .batching import pipeline_for
 from .broker import Publisher, Subscription, connection_errors, describe
 from .counts import DeliveryCounter
@@ -128,7 +129,9 @@ class ListenerPort:
             self.stats.consecutive_failures = 0
         with self._state_lock:
             self._set_state("starting", "")
-        self.consumers = [PortConsumer(self, i) for i in range(self.settings.concurrency)]
+        # An async handler's port: one consumer, its event loop running ``concurrency`` tasks.
+        consumers = 1 if self.spec.is_async and not self.batched else self.settings.concurrency
+        self.consumers = [PortConsumer(self, i) for i in range(consumers)]
         for consumer in self.consumers:
             consumer.thread.start()
 
@@ -156,6 +159,10 @@ class ListenerPort:
     @property
     def stopping(self) -> bool:
         return self.stop_event.is_set()
+
+    @property
+    def batched(self) -> bool:
+        return self.settings.batch_size > 1 or self.spec.batch
 
     @property
     def counter(self) -> DeliveryCounter:
@@ -340,7 +347,7 @@ class PortConsumer:
                 log.exception("port %s consumer %d ended: %s", self.port.name, self.index, exc)
                 self.port.stop_for_failures("-", exc, reason=f"consumer error: {describe(exc)}")
         finally:
-            pipeline.invoker.discard()
+            pipeline.close()
             if self._publisher is not None:
                 self._publisher.close()
 
@@ -387,6 +394,8 @@ class PortConsumer:
     def _drain(self, sub: Subscription, pipeline: Pipeline) -> None:
         self.port.resources.recovered("broker")
         self._set_consuming(True)
+        if isinstance(pipeline, AsyncPipeline):  # its event loop reads the connection (and stops)
+            pipeline.drive(sub, self._should_run)
         while self._should_run():
             self.alive_at = time.monotonic()
             sub.drain(pipeline.wait_limit(0.5))

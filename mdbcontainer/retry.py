@@ -11,7 +11,9 @@ redelivery (``redelivery_delay``) is a different thing with its own settings
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +51,25 @@ class RetryPolicy:
             stop.wait(seconds)
 
         return tenacity.Retrying(
+            retry=retry, wait=self.wait(), stop=tenacity.stop_when_event_set(stop), sleep=sleep,
+            before_sleep=before_sleep, retry_error_callback=give_up, reraise=give_up is None,
+        )
+
+    def until_stopped_async(
+        self,
+        stop: threading.Event,
+        *,
+        retry: RetryCondition,
+        before_sleep: Callable[[tenacity.RetryCallState], None] | None = None,
+        give_up: Callable[[tenacity.RetryCallState], Any] | None = None,
+    ) -> tenacity.AsyncRetrying:
+        """:meth:`until_stopped` for a task on an event loop: its waits let the other tasks run."""
+        async def sleep(seconds: float) -> None:
+            deadline = time.monotonic() + seconds
+            while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+                await asyncio.sleep(min(left, 0.1))
+
+        return tenacity.AsyncRetrying(
             retry=retry, wait=self.wait(), stop=tenacity.stop_when_event_set(stop), sleep=sleep,
             before_sleep=before_sleep, retry_error_callback=give_up, reraise=give_up is None,
         )

@@ -32,6 +32,7 @@ class Signature:
 
     annotation: Any
     takes_context: bool
+    is_async: bool = False  # an ``async def``: the container awaits it on its port's event loop
 
 
 def read_signature(name: str, func: Callable[..., Any], *, method: bool, batch: bool) -> Signature:
@@ -40,7 +41,7 @@ def read_signature(name: str, func: Callable[..., Any], *, method: bool, batch: 
     ``method``: ``func`` is a bean's ``on_message`` read from its class, so its
     first parameter is ``self``.
     """
-    _refuse_async(name, func)
+    _refuse_async_generator(name, func)
     try:
         params = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError) as exc:
@@ -53,16 +54,16 @@ def read_signature(name: str, func: Callable[..., Any], *, method: bool, batch: 
         annotation = _element_of(name, annotation, first)
     positional = [p for p in params if p.kind in _POSITIONAL]
     takes_context = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
-    return Signature(annotation, takes_context)
+    return Signature(annotation, takes_context, inspect.iscoroutinefunction(func))
 
 
-def _refuse_async(name: str, func: Callable[..., Any]) -> None:
-    """Until async handlers land, a coroutine function would be called and never awaited:
-    its messages acknowledged unprocessed. Refuse it at binding instead."""
-    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+def _refuse_async_generator(name: str, func: Callable[..., Any]) -> None:
+    """An ``async def`` with ``yield`` returns a generator, not something to await: its work
+    would never run and its messages would be acknowledged unprocessed."""
+    if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
         raise ListenerError(
-            f"{name}: an async def handler is not supported yet (its coroutine would never be "
-            "awaited and its messages acknowledged unprocessed): define it with def"
+            f"{name}: a handler must return, not yield (a generator's body would never run "
+            "and its messages would be acknowledged unprocessed): remove the yield"
         )
 
 

@@ -11,7 +11,7 @@ import math
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tenacity
 from sqlalchemy import (
@@ -34,6 +34,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .settings import ContainerSettings
 
@@ -210,6 +213,59 @@ def make_engine(url: str, *, timeout: timedelta | None = None, **kwargs: Any) ->
 OWN_CONNECTIONS = 3
 
 
+def async_url(url: str) -> str:
+    """The async driver for ``database_url``: psycopg's async mode, or aiosqlite.
+
+    The URL is otherwise the same (host, database, the query's parameters), so
+    an async handler's ``ctx.session`` writes to the database the container's
+    tables are in, and its dedup row commits with its work.
+    """
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg_async").render_as_string(hide_password=False)
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
+    raise ValueError(f"async handlers need PostgreSQL or SQLite, not {backend!r}")
+
+
+def make_async_engine(url: str, *, timeout: timedelta | None, tasks: int) -> AsyncEngine:
+    """An async engine for ``url`` with a pool for ``tasks`` tasks, set up as :func:`make_engine`'s.
+
+    One per event loop: an async driver's connections belong to the loop that
+    opened them. A container-managed task holds one connection from its claim
+    to its commit, so the pool has one per task and one for the loop's own reads.
+    """
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    parsed = make_url(url)
+    kwargs: dict[str, Any] = {}
+    if not (parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")):
+        kwargs.update(pool_size=tasks + 1, max_overflow=OWN_CONNECTIONS)
+    if parsed.get_backend_name() != "sqlite":
+        if timeout is not None and parsed.get_driver_name() in _LIBPQ_DRIVERS:
+            given = parsed.query
+            extra = {k: v for k, v in timeout_parameters(timeout).items() if k not in given}
+            kwargs["connect_args"] = extra
+        return create_async_engine(async_url(url), **kwargs)
+    busy = (timeout or _SQLITE_BUSY).total_seconds()
+    engine = create_async_engine(async_url(url), connect_args={"timeout": busy}, **kwargs)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # explicit BEGINs, as the synchronous engine
+        cursor = dbapi_connection.cursor()
+        for pragma in ("journal_mode=WAL", f"busy_timeout={round(busy * 1000)}", "synchronous=NORMAL"):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    return engine
+
+
 def pool_for(url: str, consumers: int) -> dict[str, int]:
     """Pool sizes for a container of ``consumers`` consumers (the sum of its ports' ``concurrency``).
 
@@ -235,6 +291,8 @@ class Store:
         sizes = pool_for(settings.database_url, consumers) if consumers is not None else {}
         self.engine = engine or make_engine(settings.database_url, timeout=settings.database_timeout,
                                             **sizes)
+        self.url = settings.database_url
+        self.timeout = settings.database_timeout
         self.tables = Tables.build(settings.table_prefix, settings.db_schema)
         self.sessions = sessionmaker(bind=self.engine, expire_on_commit=False)
         self.dialect = self.engine.dialect.name
@@ -275,6 +333,10 @@ class Store:
         if session is None:
             session = self._local.session = self.sessions()
         return session
+
+    def async_engine(self, tasks: int) -> AsyncEngine:
+        """A new async engine on this store's database for one event loop of ``tasks`` tasks."""
+        return make_async_engine(self.url, timeout=self.timeout, tasks=tasks)
 
     def dispose(self) -> None:
         self.engine.dispose()

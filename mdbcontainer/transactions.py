@@ -86,7 +86,9 @@ def ensure_open(session: Session, begun: SessionTransaction) -> None:
 
 
 def _ended_by_database(connection: Connection) -> bool:
-    raw = connection.connection.dbapi_connection
+    # The driver's own connection: sqlite3's or psycopg's, or aiosqlite's and psycopg's async ones
+    # under an AsyncSession (each has the same ``info`` or ``in_transaction``).
+    raw = connection.connection.driver_connection
     dialect = connection.dialect.name
     if dialect == "postgresql":
         info = getattr(raw, "info", None)

@@ -97,3 +97,47 @@ def perform(port: str, message: Message, ctx: MessageContext, session: Any | Non
         ctx.set_rollback_only()
     if body.get("then") == "fail":
         raise RuntimeError(f"failed after its work {body.get('n')}")
+
+
+async def perform_async(port: str, message: Message, ctx: MessageContext, session: Any | None) -> None:
+    """:func:`perform` for an async handler: the same actions, awaited on an ``AsyncSession``.
+
+    ``block`` runs ``time.sleep`` inside the coroutine (a handler that blocks the event loop);
+    ``sleep`` awaits ``asyncio.sleep``, as a handler waiting on I/O does.
+    """
+    import asyncio
+
+    body: dict[str, Any] = message.body if isinstance(message.body, dict) else {"action": "ok"}
+    action = body.get("action", "ok")
+    log_attempt(port, message)
+    if "pause" in body:
+        reached, go = body["pause"]
+        open(reached, "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "fail":
+        raise RuntimeError(f"poison message {body.get('n')}")
+    if action == "sleep":
+        await asyncio.sleep(float(body.get("seconds", 1)))
+    if action == "block":
+        time.sleep(float(body.get("seconds", 1.5)))
+    if session is not None:
+        await session.execute(effects.insert().values(port=port, message_id=message.id, n=body.get("n")))
+        if action == "constraint":
+            await session.execute(unique_keys.insert().values(key="always-the-same"))
+        if action == "swallow":  # an error caught inside the transaction: PostgreSQL aborts it
+            try:
+                await session.execute(text("INSERT INTO no_such_table (n) VALUES (1)"))
+            except Exception:
+                pass
+    if action == "send":
+        ctx.send(body["to"], {"n": body.get("n"), "action": "ok"}, message_id=f"{message.id}.out")
+    if action == "rollback":
+        ctx.set_rollback_only()
+    if action == "move":
+        ctx.move_to(body["to"], "moved by the handler")
+    if body.get("then") == "fail":
+        raise RuntimeError(f"failed after its work {body.get('n')}")

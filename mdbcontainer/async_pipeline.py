@@ -1,0 +1,316 @@
+"""The pipeline of a port whose handler is ``async def``: one event loop per consumer connection.
+
+The consumer's thread runs the loop and owns the connection, as a blocking
+consumer does (py-amqp is not thread-safe): it reads deliveries between the
+tasks' steps and every acknowledgment leaves from it. Each delivery is a task
+(``concurrency`` of them at most; the rest wait in arrival order), and each
+task runs the synchronous pipeline's steps: 1-6 as they are, 7 with an async
+unit of work (``async_units.py``), 8 as it is. See docs/architecture.md,
+"Async handlers".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+import tenacity
+
+from .async_units import AsyncResources, async_unit_class
+from .broker import Subscription, connection_errors
+from .context import MessageContext
+from .crash import crash_point
+from .delivery import Delivery
+from .handlers import HandlerSpec, Invoker
+from .logs import fields
+from .message import Message
+from .pipeline import _GAVE_UP, ConsumerView, Pipeline, PortView
+from .retry import DEFAULT as RETRY
+from .transactions import Outcome, is_infrastructure
+
+log = logging.getLogger("mdbcontainer.pipeline")
+
+BLOCKED = 1.0  # a loop that has not come round for this long is blocked: a WARNING names the handler
+_TICK = 0.1
+_IDLE = 0.5  # the longest the loop waits for the socket before it looks at its port again
+_POLL = 0.005  # a transport without a socket (the embedded broker) is polled this often while busy
+
+
+class AsyncPipeline(Pipeline):
+    """Runs a port's deliveries as tasks on the consumer thread's own event loop."""
+
+    def __init__(self, port: PortView, consumer: ConsumerView) -> None:
+        super().__init__(port, consumer)
+        self.limit = self.settings.concurrency
+        self.async_unit = async_unit_class(self.settings.transaction, self.settings.transaction_attribute)
+        self.loop = asyncio.new_event_loop()
+        self.tasks: dict[asyncio.Task[None], Delivery] = {}
+        self.waiting: deque[Delivery] = deque()
+        self._free = [self.invoker]  # bean instances not in use: one task at a time each
+        self._invokers = [self.invoker]
+        self._units: AsyncResources | None = None
+        self._broken: BaseException | None = None
+        self._lost = False  # the channel is gone: a cancelled task records its hand-back only
+        self.watchdog = Watchdog(port.name, port.spec)
+
+    # -- the channel's callback --------------------------------------------
+
+    def __call__(self, delivery: Delivery) -> None:
+        """A delivery arrived (inside a drain, on the loop's thread): a task, or wait for one."""
+        if self.consumer.handing_back or self.port.stopping:
+            self.acks.hand_back(delivery, delivery.message_id)
+        elif len(self.tasks) < self.limit:
+            self._start(delivery)
+        else:
+            self.waiting.append(delivery)
+
+    def _start(self, delivery: Delivery) -> None:
+        if not self.tasks:
+            self.consumer.delivering_since = time.monotonic()
+        task = self.loop.create_task(self._handle(delivery))
+        self.tasks[task] = delivery
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.pop(task, None)
+        self.consumer.alive_at = time.monotonic()
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._broken = error  # the broker connection failed under the task: reconnect
+        while self.waiting and len(self.tasks) < self.limit and self._broken is None:
+            self._start(self.waiting.popleft())
+        if not self.tasks:
+            self.consumer.delivering_since = None
+
+    # -- one delivery --------------------------------------------------------
+
+    async def _handle(self, delivery: Delivery) -> None:
+        try:
+            message = self._through_outages(lambda: self._prepare(delivery))  # steps 1-6
+            if message is _GAVE_UP:
+                self.acks.hand_back(delivery, delivery.message_id)
+            elif message is not None:
+                await self._deliver_async(delivery, message, self._argument)
+        except asyncio.CancelledError:  # a stop that could not wait longer: back, uncounted
+            self._cancelled(delivery)
+        except connection_errors():
+            raise
+        except Exception as exc:
+            self._internal_error(delivery, exc)
+
+    async def _deliver_async(self, delivery: Delivery, message: Message, argument: Any) -> None:
+        started = time.perf_counter()
+        crash_point("before-handler")
+        outcome = await self._through_outages_async(lambda: self._run_async(delivery, message, argument))
+        self._conclude(delivery, message, outcome, started)  # step 8, as the synchronous pipeline's
+
+    async def _run_async(self, delivery: Delivery, message: Message, argument: Any) -> Outcome:
+        unit = self.async_unit(
+            self.port.name, message.id, self._resources(), once_only=self.once_only,
+            move_copy=lambda queue, reason: self.backout.copy(delivery, queue, reason, 0, None),
+        )
+        ctx = MessageContext(message, self.port.name, unit)
+        invoker = self._invoker()
+        try:
+            return await unit.arun(lambda: invoker.acall(argument, ctx))
+        finally:
+            self._free.append(invoker)
+
+    async def _through_outages_async(self, call: Callable[[], Any]) -> Any:
+        """Hold the delivery while the database is away, as ``_through_outages`` does, awaiting."""
+        outcome = await call()
+        if outcome.kind != "infrastructure":
+            return outcome
+        self.resources.outage("database", outcome.error)
+
+        def away(state: tenacity.RetryCallState) -> None:
+            if state.outcome is not None and not state.outcome.failed:
+                self.resources.outage("database", state.outcome.result().error)
+
+        retrying = RETRY.until_stopped_async(
+            self.port.stop_event, before_sleep=away, give_up=lambda _state: _GAVE_UP,
+            retry=tenacity.retry_if_exception(is_infrastructure)
+            | tenacity.retry_if_result(lambda o: o.kind == "infrastructure"))
+        result: Any = await retrying(call)
+        if result is not _GAVE_UP:
+            self.resources.recovered("database")
+        return result
+
+    def _cancelled(self, delivery: Delivery) -> None:
+        message_id = delivery.message_id
+        if self._lost:  # the broker requeues it with the channel: only record it
+            self.acks.record_hand_back([message_id] if message_id else [])
+        else:
+            self.acks.hand_back(delivery, message_id)
+
+    def _resources(self) -> AsyncResources:
+        """The async engine of this loop, made on first use (its connections belong to the loop)."""
+        if self._units is None:
+            from sqlalchemy.ext.asyncio import async_sessionmaker
+
+            units = self.resources.units
+            sessions = None
+            if units.store is not None and self.unit_class.__name__ != "UnitOfWork":
+                engine = units.store.async_engine(self.limit)
+                sessions = async_sessionmaker(engine, expire_on_commit=False)
+            self._units = AsyncResources(units.store, units.dedup, units.outbox, sessions)
+        return self._units
+
+    def _invoker(self) -> Invoker:
+        if self._free:
+            return self._free.pop()
+        invoker = Invoker(self.invoker.spec, self.invoker.adapter, self.invoker.takes_context)
+        self._invokers.append(invoker)
+        return invoker
+
+    # -- the consumer's loop ---------------------------------------------------
+
+    def drive(self, sub: Subscription, should_run: Callable[[], bool]) -> None:
+        """Consume on ``sub`` until ``should_run()`` turns false; then finish, or hand back."""
+        self.loop.run_until_complete(self._drive(sub, should_run))
+
+    async def _drive(self, sub: Subscription, should_run: Callable[[], bool]) -> None:
+        self._broken = None
+        ticker = self.loop.create_task(self.watchdog.ticking())
+        self.watchdog.start(threading.get_ident())
+        readable = asyncio.Event()
+        fd = sub.fileno()
+        if fd is not None:
+            self.loop.add_reader(fd, readable.set)
+        try:
+            while should_run():
+                if self._broken is not None:
+                    raise self._broken
+                self.consumer.alive_at = time.monotonic()
+                read = sub.drain_ready()
+                self.tick()
+                self.acks.tick()
+                if read:
+                    await asyncio.sleep(0)  # the tasks just started take their first step
+                elif fd is not None:
+                    readable.clear()
+                    with suppress(TimeoutError):
+                        await asyncio.wait_for(readable.wait(), _IDLE)
+                elif self.tasks:
+                    await asyncio.sleep(_POLL)
+                else:
+                    sub.drain(self.wait_limit(_IDLE))
+            await self._finish(sub)
+        finally:
+            if fd is not None:
+                self.loop.remove_reader(fd)
+            ticker.cancel()
+            self.watchdog.stop()
+
+    async def _finish(self, sub: Subscription) -> None:
+        """Graceful stop: hand back what waits, let running tasks end within shutdown_timeout,
+        then cancel the rest (rolled back, handed back uncounted)."""
+        self.consumer.handing_back = True
+        sub.cancel()  # deliveries sent before the cancel are handed back by __call__
+        self.hand_back_gathered()
+        limit = self.resources.settings.container.shutdown_timeout.total_seconds()
+        grace = max(0.0, limit - min(1.0, limit * 0.2))  # cancel before the container gives up
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=grace)
+        if self.tasks:
+            log.warning("port %s: %d handler(s) still running after %.1fs: cancelled, rolled back "
+                        "and handed back", self.port.name, len(self.tasks), grace,
+                        extra=fields(port=self.port.name, outcome="cancelled"))
+            await self._cancel_all()
+
+    async def _cancel_all(self) -> None:
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def hand_back_gathered(self) -> None:
+        waiting, self.waiting = list(self.waiting), deque()
+        for delivery in waiting:
+            self.acks.hand_back(delivery, delivery.message_id)
+
+    def release(self) -> None:
+        """The channel is gone: waiting deliveries and running tasks go back with it, uncounted."""
+        waiting, self.waiting = list(self.waiting), deque()
+        self.acks.record_hand_back([d.message_id for d in waiting if d.message_id])
+        if self.tasks:
+            self._lost = True
+            try:
+                self.loop.run_until_complete(self._cancel_all())
+            finally:
+                self._lost = False
+        self._broken = None
+
+    def close(self) -> None:
+        """The consumer ends: tear the beans down, dispose of the async engine, close the loop."""
+        for invoker in self._invokers:
+            self.loop.run_until_complete(invoker.adiscard())
+        sessions = self._units.sessions if self._units is not None else None
+        if sessions is not None:
+            engine = sessions.kw["bind"]
+            with suppress(Exception):
+                self.loop.run_until_complete(engine.dispose())
+        self.loop.close()
+
+
+class Watchdog:
+    """Warns when the port's handler blocks its event loop (a synchronous call in an async def).
+
+    A ticker task marks the loop's progress; a thread looks every tenth of a
+    second, and when the loop is more than :data:`BLOCKED` late it reads the
+    loop thread's stack: with the handler on it, one WARNING per block names it.
+    """
+
+    def __init__(self, port: str, spec: HandlerSpec) -> None:
+        self.port = port
+        self.name = spec.name if not spec.is_bean else f"{spec.name}.on_message"
+        self.code = spec.code
+        self.ticked = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._loop_thread = 0
+
+    async def ticking(self) -> None:
+        while True:
+            self.ticked = time.monotonic()
+            await asyncio.sleep(_TICK)
+
+    def start(self, loop_thread: int) -> None:
+        self._loop_thread = loop_thread
+        self._stop.clear()
+        self.ticked = time.monotonic()
+        self._thread = threading.Thread(target=self._watch, name=f"mdb-{self.port}-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(1.0)
+
+    def _watch(self) -> None:
+        warned = False
+        while not self._stop.wait(_TICK):
+            late = time.monotonic() - self.ticked
+            if late <= BLOCKED:
+                warned = False
+            elif not warned and self._handler_running():
+                warned = True
+                log.warning("port %s: handler %s blocked the event loop for %.1fs (a synchronous "
+                            "call inside an async def?): every other delivery of the port waits",
+                            self.port, self.name, late,
+                            extra=fields(port=self.port, outcome="blocked", duration=round(late, 3)))
+
+    def _handler_running(self) -> bool:
+        frame = sys._current_frames().get(self._loop_thread)
+        while frame is not None:
+            if frame.f_code is self.code:
+                return True
+            frame = frame.f_back
+        return False
