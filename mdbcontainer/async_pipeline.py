@@ -17,8 +17,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import tenacity
@@ -59,14 +59,18 @@ class AsyncPipeline(Pipeline):
         self._broken: BaseException | None = None
         self._lost = False  # the channel is gone: a cancelled task records its hand-back only
         self.watchdog = Watchdog(port.name, port.spec)
+        store = self.resources.units.store
+        transactional = self.async_unit.__name__ != "AsyncUnitOfWork"
+        self.gate = WriteGate(store is not None and store.dialect == "sqlite" and transactional)
 
     # -- the channel's callback --------------------------------------------
 
     def __call__(self, delivery: Delivery) -> None:
-        """A delivery arrived (inside a drain, on the loop's thread): a task, or wait for one."""
-        if self.consumer.handing_back or self.port.stopping:
-            self.acks.hand_back(delivery, delivery.message_id)
-        elif len(self.tasks) < self.limit:
+        """A delivery arrived (inside a drain, on the loop's thread): a task, or wait for one.
+
+        While stopping it waits too: handed back once no task holds a transaction.
+        """
+        if len(self.tasks) < self.limit and not (self.consumer.handing_back or self.port.stopping):
             self._start(delivery)
         else:
             self.waiting.append(delivery)
@@ -83,7 +87,8 @@ class AsyncPipeline(Pipeline):
         self.consumer.alive_at = time.monotonic()
         if not task.cancelled() and (error := task.exception()) is not None:
             self._broken = error  # the broker connection failed under the task: reconnect
-        while self.waiting and len(self.tasks) < self.limit and self._broken is None:
+        while (self.waiting and len(self.tasks) < self.limit and self._broken is None
+               and not (self.consumer.handing_back or self.port.stopping)):
             self._start(self.waiting.popleft())
         if not self.tasks:
             self.consumer.delivering_since = None
@@ -92,13 +97,16 @@ class AsyncPipeline(Pipeline):
 
     async def _handle(self, delivery: Delivery) -> None:
         try:
-            message = self._through_outages(lambda: self._prepare(delivery))  # steps 1-6
+            async with self.gate.writing(delivery.redelivered or self.port.stopping):
+                message = self._through_outages(lambda: self._prepare(delivery))  # steps 1-6
             if message is _GAVE_UP:
-                self.acks.hand_back(delivery, delivery.message_id)
+                async with self.gate.writing():
+                    self.acks.hand_back(delivery, delivery.message_id)
             elif message is not None:
                 await self._deliver_async(delivery, message, self._argument)
         except asyncio.CancelledError:  # a stop that could not wait longer: back, uncounted
-            self._cancelled(delivery)
+            async with self.gate.writing():
+                self._cancelled(delivery)
         except connection_errors():
             raise
         except Exception as exc:
@@ -108,7 +116,8 @@ class AsyncPipeline(Pipeline):
         started = time.perf_counter()
         crash_point("before-handler")
         outcome = await self._through_outages_async(lambda: self._run_async(delivery, message, argument))
-        self._conclude(delivery, message, outcome, started)  # step 8, as the synchronous pipeline's
+        async with self.gate.writing():
+            self._conclude(delivery, message, outcome, started)  # step 8, as the synchronous pipeline's
 
     async def _run_async(self, delivery: Delivery, message: Message, argument: Any) -> Outcome:
         unit = self.async_unit(
@@ -118,7 +127,8 @@ class AsyncPipeline(Pipeline):
         ctx = MessageContext(message, self.port.name, unit)
         invoker = self._invoker()
         try:
-            return await unit.arun(lambda: invoker.acall(argument, ctx))
+            async with self.gate.transaction():
+                return await unit.arun(lambda: invoker.acall(argument, ctx))
         finally:
             self._free.append(invoker)
 
@@ -209,11 +219,10 @@ class AsyncPipeline(Pipeline):
             self.watchdog.stop()
 
     async def _finish(self, sub: Subscription) -> None:
-        """Graceful stop: hand back what waits, let running tasks end within shutdown_timeout,
-        then cancel the rest (rolled back, handed back uncounted)."""
+        """Graceful stop: let running tasks end within shutdown_timeout, then cancel the rest
+        (rolled back, handed back uncounted); then hand back what waits."""
         self.consumer.handing_back = True
-        sub.cancel()  # deliveries sent before the cancel are handed back by __call__
-        self.hand_back_gathered()
+        sub.cancel()  # deliveries sent before the cancel join the waiting ones
         limit = self.resources.settings.container.shutdown_timeout.total_seconds()
         grace = max(0.0, limit - min(1.0, limit * 0.2))  # cancel before the container gives up
         if self.tasks:
@@ -223,6 +232,7 @@ class AsyncPipeline(Pipeline):
                         "and handed back", self.port.name, len(self.tasks), grace,
                         extra=fields(port=self.port.name, outcome="cancelled"))
             await self._cancel_all()
+        self.hand_back_gathered()
 
     async def _cancel_all(self) -> None:
         tasks = list(self.tasks)
@@ -257,6 +267,62 @@ class AsyncPipeline(Pipeline):
             with suppress(Exception):
                 self.loop.run_until_complete(engine.dispose())
         self.loop.close()
+
+
+class WriteGate:
+    """SQLite has one writer: no synchronous write on the loop's thread while a task's
+    transaction is open (it could hold the write lock across an await, and the blocked loop
+    would never let it commit).
+
+    Transactions are the many readers of this gate, the loop's synchronous writes (step 8,
+    a redelivery's count, a hand-back) the writers, given precedence so they never starve.
+    On PostgreSQL (row locks) the gate is open.
+    """
+
+    def __init__(self, closed: bool) -> None:
+        self.closed = closed
+        self._open = 0
+        self._writers = 0
+        self._cond: asyncio.Condition | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        if not self.closed:
+            yield
+            return
+        cond = self._condition()
+        async with cond:
+            await cond.wait_for(lambda: self._writers == 0)
+            self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1
+            if self._open == 0:
+                async with cond:
+                    cond.notify_all()
+
+    @asynccontextmanager
+    async def writing(self, needed: bool = True) -> AsyncIterator[None]:
+        if not (self.closed and needed):
+            yield
+            return
+        cond = self._condition()
+        self._writers += 1
+        try:
+            async with cond:
+                await cond.wait_for(lambda: self._open == 0)
+            yield
+        finally:
+            self._writers -= 1
+            if self._writers == 0:
+                async with cond:
+                    cond.notify_all()
 
 
 class Watchdog:

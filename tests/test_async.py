@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mdbcontainer.testing import mdb, wait_for
+from mdbcontainer.testing import headers_of, mdb, wait_for
 from tests.conftest import ROOT, Backend, one_line_error
 
 
@@ -54,3 +54,108 @@ def test_an_async_handler_commits_each_message_once_with_waits_overlapped(
     if transaction == "container":
         assert backend.effects("AsyncWork") == Counter({i: 1 for i in ids})
     assert [a for a in backend.attempts("AsyncWork") if a[3] > 0] == [], "no delivery failed"
+
+
+def test_poison_counts_backs_out_at_the_threshold_and_the_rest_commit_once(backend: Backend) -> None:
+    """Counts, Maximum retries (max_retries >= threshold: never stops) and backout, as for def handlers."""
+    path, work = async_settings(backend, transaction="container", concurrency=10, max_retries=5,
+                                queues={})
+    bodies = [{"n": i, "action": "fail" if i == 7 else "ok"} for i in range(30)]
+    ids = send(backend, path, work, bodies)
+    with backend.container(path) as container:
+        dead = backend.q("DLQ")
+        wait_for(lambda: backend.probe(path).count(dead) == 1, timeout=60, what="the poison backout")
+        wait_for(lambda: backend.probe(path).count(work) == 0, timeout=30, what="the queue to drain")
+        state = container.port_state("AsyncWork")
+        assert container.terminate() == 0
+    assert backend.effects("AsyncWork") == Counter({i: 1 for i in ids if i != "m-0007"})
+    (moved,) = backend.probe(path).take_all(dead)
+    headers = headers_of(moved)
+    assert moved.properties["message_id"] == "m-0007"
+    assert headers["x-mdb-redelivery-count"] == 5 and "poison message 7" in headers["x-mdb-exception"]
+    assert [a[3] for a in backend.attempts("AsyncWork") if a[1] == "m-0007"] == [0, 1, 2, 3, 4]
+    assert state is not None and state["state"] == "started"
+
+
+def test_maximum_retries_stops_the_async_port_with_the_message_back_on_its_queue(backend: Backend) -> None:
+    path, work = async_settings(backend, transaction="container", max_retries=1)
+    send(backend, path, work, [{"n": 1, "action": "fail"}])
+    with backend.container(path).start(wait=False) as container:
+        wait_for(lambda: (container.port_state("AsyncWork") or {}).get("state") == "stopped",
+                 timeout=60, what="the port to stop")
+        assert "maximum retries (1) exceeded" in container.port_state("AsyncWork")["reason"]
+        assert backend.probe(path).count(work) == 1, "the failing message is back on its queue"
+        assert container.terminate() == 0
+    assert [a[3] for a in backend.attempts("AsyncWork")] == [0, 1]
+
+
+@pytest.mark.parametrize("port", ["AsyncWork", "AsyncBean"])
+def test_sends_are_part_of_the_unit_of_work(backend: Backend, port: str) -> None:
+    """ctx.send is a plain call: an outbox row with the work, or nothing when the unit rolls back."""
+    work, down = backend.q("AWORK"), backend.q("DOWN")
+    settings: dict[str, Any] = {"destination": work, "concurrency": 5}
+    if port == "AsyncWork":
+        settings["transaction"] = "container"
+    path = backend.write(ports={port: settings, "Downstream": {"destination": down}},
+                         queues={work: {"backout_threshold": 1}, down: {}},
+                         listeners=[f"tests.apps.{port.lower()}", "tests.apps.downstream"])
+    bodies = [{"n": i, "action": "send", "to": down} for i in range(10)]
+    bodies.append({"n": 99, "action": "send", "to": down, "then": "fail"})
+    ids = send(backend, path, work, bodies)
+    with backend.container(path) as container:
+        wait_for(lambda: len(backend.effects("Downstream")) == 10, timeout=60,
+                 what="every send to arrive downstream")
+        wait_for(lambda: backend.probe(path).count(backend.q("DLQ")) == 1, timeout=30,
+                 what="the failing message's backout")
+        time.sleep(0.5)
+        assert container.terminate() == 0
+    assert backend.effects(port) == Counter({i: 1 for i in ids[:10]})
+    assert backend.effects("Downstream") == Counter({f"{i}.out": 1 for i in ids[:10]})
+
+
+def test_graceful_stop_lets_short_handlers_finish_and_hands_back_the_long_one(backend: Backend) -> None:
+    path, work = async_settings(backend, transaction="container", concurrency=10,
+                                shutdown_timeout="3s")
+    reached, go = backend.tmp / "reached", backend.tmp / "go"
+    with backend.producer(path) as producer:
+        producer.send(work, {"n": 0, "action": "ok", "pause": [str(reached), str(go)]}, message_id="long")
+        for i in range(1, 6):
+            producer.send(work, {"n": i, "action": "sleep", "seconds": 1.0}, message_id=f"short-{i}")
+    container = backend.container(path).start()
+    try:
+        wait_for(reached.exists, timeout=30, what="the long handler to start")
+        wait_for(lambda: len(backend.attempts("AsyncWork")) == 6, timeout=30, what="all six to start")
+        assert container.terminate() == 0, container.output()[-3000:]
+    finally:
+        container.kill()
+    output = container.output()
+    assert "cancelled, rolled back and handed back" in output, output[-3000:]
+    assert backend.effects("AsyncWork") == Counter({f"short-{i}": 1 for i in range(1, 6)})
+    assert backend.probe(path).count(work) == 1, "the cancelled one is back on its queue"
+    go.touch()
+    with backend.container(path) as again:
+        wait_for(lambda: "long" in backend.effects("AsyncWork"), timeout=30, what="the long one again")
+        assert again.terminate() == 0
+    # Handed back, not counted: its second delivery has redelivery count 0.
+    assert [a[3] for a in backend.attempts("AsyncWork") if a[1] == "long"] == [0, 0]
+
+
+def test_a_handler_that_blocks_the_loop_is_named_in_a_warning(backend: Backend) -> None:
+    path, work = async_settings(backend, transaction="none")
+    send(backend, path, work, [{"n": 1, "action": "block", "seconds": 1.6}])
+    with backend.container(path) as container:
+        wait_for(lambda: backend.probe(path).count(work) == 0 and backend.attempts("AsyncWork"),
+                 timeout=30, what="the message to be handled")
+        wait_for(lambda: "blocked the event loop" in container.output(), timeout=10,
+                 what="the warning")
+        assert container.terminate() == 0
+    line = next(ln for ln in container.output().splitlines() if "blocked the event loop" in ln)
+    assert "WARNING" in line and "tests.apps.asyncwork:work" in line, line
+
+
+def test_an_explicit_prefetch_below_concurrency_is_a_settings_error(backend: Backend) -> None:
+    path, _ = async_settings(backend, concurrency=20, prefetch=5)
+    for command in ("check", "run"):
+        result = mdb(command, "-c", str(path), cwd=ROOT, env=backend.env, timeout=60)
+        line = one_line_error(result, 2)
+        assert "ports.AsyncWork.prefetch" in line and "concurrency (20)" in line, line
