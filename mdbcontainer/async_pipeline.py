@@ -53,6 +53,7 @@ class AsyncPipeline(Pipeline):
         self.loop = asyncio.new_event_loop()
         self.tasks: dict[asyncio.Task[None], Delivery] = {}
         self.waiting: deque[Delivery] = deque()
+        self._in_unit: set[asyncio.Task[Any] | None] = set()  # tasks before their commit
         self._free = [self.invoker]  # bean instances not in use: one task at a time each
         self._invokers = [self.invoker]
         self._units: AsyncResources | None = None
@@ -116,7 +117,8 @@ class AsyncPipeline(Pipeline):
         started = time.perf_counter()
         crash_point("before-handler")
         outcome = await self._through_outages_async(lambda: self._run_async(delivery, message, argument))
-        async with self.gate.writing():
+        writes = outcome is _GAVE_UP or outcome.kind != "handled" or bool(outcome.pending)
+        async with self.gate.writing(writes):
             self._conclude(delivery, message, outcome, started)  # step 8, as the synchronous pipeline's
 
     async def _run_async(self, delivery: Delivery, message: Message, argument: Any) -> Outcome:
@@ -126,10 +128,13 @@ class AsyncPipeline(Pipeline):
         )
         ctx = MessageContext(message, self.port.name, unit)
         invoker = self._invoker()
+        task = asyncio.current_task()
+        self._in_unit.add(task)
         try:
             async with self.gate.transaction():
                 return await unit.arun(lambda: invoker.acall(argument, ctx))
         finally:
+            self._in_unit.discard(task)
             self._free.append(invoker)
 
     async def _through_outages_async(self, call: Callable[[], Any]) -> Any:
@@ -231,13 +236,16 @@ class AsyncPipeline(Pipeline):
             log.warning("port %s: %d handler(s) still running after %.1fs: cancelled, rolled back "
                         "and handed back", self.port.name, len(self.tasks), grace,
                         extra=fields(port=self.port.name, outcome="cancelled"))
-            await self._cancel_all()
+            await self._cancel_all(only_uncommitted=True)
         self.hand_back_gathered()
 
-    async def _cancel_all(self) -> None:
+    async def _cancel_all(self, *, only_uncommitted: bool = False) -> None:
+        """Cancel the running tasks (at a stop, only those whose unit of work has not ended:
+        one that committed is settled, which takes no longer than a publish)."""
         tasks = list(self.tasks)
         for task in tasks:
-            task.cancel()
+            if not only_uncommitted or task in self._in_unit:
+                task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def hand_back_gathered(self) -> None:

@@ -93,7 +93,7 @@ def test_maximum_retries_stops_the_async_port_with_the_message_back_on_its_queue
 def test_sends_are_part_of_the_unit_of_work(backend: Backend, port: str) -> None:
     """ctx.send is a plain call: an outbox row with the work, or nothing when the unit rolls back."""
     work, down = backend.q("AWORK"), backend.q("DOWN")
-    settings: dict[str, Any] = {"destination": work, "concurrency": 5}
+    settings: dict[str, Any] = {"destination": work, "concurrency": 5, "max_retries": 5}
     if port == "AsyncWork":
         settings["transaction"] = "container"
     path = backend.write(ports={port: settings, "Downstream": {"destination": down}},
@@ -114,8 +114,10 @@ def test_sends_are_part_of_the_unit_of_work(backend: Backend, port: str) -> None
 
 
 def test_graceful_stop_lets_short_handlers_finish_and_hands_back_the_long_one(backend: Backend) -> None:
-    path, work = async_settings(backend, transaction="container", concurrency=10,
-                                shutdown_timeout="3s")
+    work = backend.q("AWORK")
+    path = backend.write(ports={"AsyncWork": {"destination": work, "transaction": "container",
+                                              "concurrency": 10}},
+                         queues={work: {}}, shutdown_timeout="3s")
     reached, go = backend.tmp / "reached", backend.tmp / "go"
     with backend.producer(path) as producer:
         producer.send(work, {"n": 0, "action": "ok", "pause": [str(reached), str(go)]}, message_id="long")
