@@ -1,7 +1,8 @@
 """Once and only once, proven by killing ``mdb run`` at every step of a delivery.
 
 For every crash point of mdbcontainer/crash.py and both transaction kinds
-(port ``Work``, container-managed; port ``Bean``, bean-managed), a container
+(port ``Work``, container-managed; port ``Bean``, bean-managed; ``AsyncWork`` and
+``AsyncBean`` the same with ``async def`` handlers, tests/apps/async*.py), a container
 with four consumers gets 300 messages, 20 of them published twice with the
 same id, each making an outbox send to port ``Downstream`` (once-only CMT, in
 the same container). The process is SIGKILLed at the point three times, each
@@ -95,7 +96,7 @@ def setup_case(backend: Backend, port: str, batch_size: int = 1) -> Run:
     consumers: dict[str, Any] = {"concurrency": 4, "prefetch": 10}
     if batch_size > 1:  # two consumers, each prefetching two batches
         consumers = {"concurrency": 2, "batch_size": batch_size, "batch_linger": "50ms"}
-    if port in ("Work", "BatchWork"):
+    if port in ("Work", "BatchWork", "AsyncWork"):
         consumers["transaction"] = "container"
     settings = backend.write(
         ports={
@@ -191,7 +192,7 @@ def backed_out(run: Run) -> Counter[str]:
     return Counter(str(m.properties["message_id"]) for m in dead)
 
 
-@pytest.mark.parametrize("port", ["Work", "Bean"])
+@pytest.mark.parametrize("port", ["Work", "Bean", "AsyncWork", "AsyncBean"])
 @pytest.mark.parametrize("point", DELIVERY_POINTS)
 def test_crash_at_every_step_commits_each_message_once(backend: Backend, point: str,
                                                        port: str) -> None:
@@ -229,7 +230,7 @@ def test_crash_in_a_batch_commits_each_message_once(backend: Backend, point: str
     print(f"{backend.kind} batch {point} {port}: {time.monotonic() - started:.1f}s")
 
 
-@pytest.mark.parametrize("port", ["Work", "Bean"])
+@pytest.mark.parametrize("port", ["Work", "Bean", "AsyncWork"])
 def test_crash_mid_backout_keeps_the_poison_message_and_every_good_one(backend: Backend,
                                                                        port: str) -> None:
     started = time.monotonic()
