@@ -18,6 +18,7 @@ The harness reads the traces with :func:`trace_sizes` and :func:`count_trace`.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import cProfile
 import itertools
@@ -134,6 +135,50 @@ def on_batch(messages: list[Message], ctx: BatchContext) -> None:
                                         "ns": [work(m.body) for m in messages]})
     latency.observe(messages)
     clock.tick(len(messages))
+
+
+# -- async handlers (benchmarks/async_handlers.py) --------------------------------------
+
+WAIT = 0.02  # the I/O wait of the I/O-bound handlers (an HTTP call, say)
+
+
+@message_driven("BenchAsyncNone")
+async def on_async_none(message: Message, ctx: MessageContext) -> None:
+    """The trivial work of ``BenchNone``, in an ``async def``."""
+    if clock.count == 0:
+        clock.start()
+    work(message.body)
+    clock.tick()
+
+
+@message_driven("BenchAsyncSleep")
+async def on_async_sleep(message: Message, ctx: MessageContext) -> None:
+    """I/O-bound, ``transaction = "none"``: awaits a 20 ms wait."""
+    if clock.count == 0:
+        clock.start()
+    await asyncio.sleep(WAIT)
+    work(message.body)
+    clock.tick()
+
+
+@message_driven("BenchAsyncOnce")
+async def on_async_once(message: Message, ctx: MessageContext) -> None:
+    """I/O-bound, once-only CMT: a 20 ms wait, then the row through the ``AsyncSession``."""
+    if clock.count == 0:
+        clock.start()
+    await asyncio.sleep(WAIT)
+    await ctx.session.execute(effects.insert().values(message_id=message.id, n=work(message.body)))
+    clock.tick()
+
+
+@message_driven("BenchSyncSleepOnce")
+def on_sync_sleep_once(message: Message, ctx: MessageContext) -> None:
+    """The same handler as ``BenchAsyncOnce`` written synchronously (a blocking 20 ms wait)."""
+    if clock.count == 0:
+        clock.start()
+    time.sleep(WAIT)
+    ctx.session.execute(effects.insert().values(message_id=message.id, n=work(message.body)))
+    clock.tick()
 
 
 _bulk: list[Any] = []
