@@ -22,6 +22,7 @@ SHOWN = {
     "request_reply": ["'price': '9.99'", '{"sku": "B-2", "price": "24.50"}', "RequestTimeout",
                       "Unroutable: queue 'PRICE' does not exist"],
     "durable_subscription": ["holds 3 events", "audit: 3, 4, 5 (missed) and 6"],
+    "async_quotes": ["50 at a time", "200 quotes stored, each exactly once"],
     "batch_orders": ["not 200 commits", "1 fallbacks", "backout queue: ['order-bad']",
                      "230 orders stored, each exactly once"],
 }
