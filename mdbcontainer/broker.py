@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .delivery import Delivery
 from .errors import BrokerUnavailable, PublishError, QueueUnavailable, Unroutable
-from .heartbeat import Heartbeat, away, using
+from .heartbeat import Heartbeat, away, outside, using
 from .ownership import OwnerLock, in_use
 from .retry import DEFAULT as RETRY
 from .settings import EMBEDDED_DEFAULT_FILE, Settings, broker_urls, mask_url
@@ -629,6 +629,12 @@ class Subscription:
         # Every queue is declared before a transacted publish, so this is a queue
         # deleted in the meantime; the commit has already happened.
         log.error("transacted publish to %r returned unroutable: %s", exchange or routing_key, exc)
+
+    @contextmanager
+    def between_reads(self) -> Iterator[None]:
+        """The owner works without reading (a lingered batch): heartbeats go on meanwhile."""
+        with outside(self._beat):
+            yield
 
     def drain(self, timeout: float) -> None:
         """Dispatch deliveries for up to ``timeout`` seconds (returns quietly on a quiet queue)."""

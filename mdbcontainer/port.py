@@ -338,8 +338,9 @@ class PortConsumer:
         while self._should_run():
             self.alive_at = time.monotonic()
             sub.drain(pipeline.wait_limit(0.5))
-            pipeline.tick()
-            self.acks.tick()
+            with sub.between_reads():  # a lingered batch may run longer than two heartbeats
+                pipeline.tick()
+                self.acks.tick()
         pipeline.hand_back_gathered()
         self._hand_back_all(sub)
 
