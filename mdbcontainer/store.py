@@ -52,6 +52,7 @@ class Tables:
     outbox: Table
     port: Table
     container: Table
+    lease: Table
 
     @classmethod
     def build(cls, prefix: str = "mdb_", schema: str | None = None) -> Tables:
@@ -109,7 +110,23 @@ class Tables:
             Column("stopped", Boolean, nullable=False, default=False),
             Column("stats", Text, nullable=False),
         )  # fmt: skip
-        return cls(md, dedup, delivery, outbox, port, container)
+        # One row per consumer connection, written before it consumes: a
+        # redelivery without a count record is charged as a crash only when a
+        # lease of its queue shows a death (never ended, its holder gone), not
+        # when a container that lives on lost its connection (counts.py).
+        lease = Table(
+            f"{prefix}lease", md,
+            Column("id", String(64), primary_key=True),
+            Column("queue", String(255), nullable=False),
+            Column("container", String(64), nullable=False),
+            Column("host", String(255), nullable=False),
+            Column("pid", Integer, nullable=False),
+            Column("started_at", ts, nullable=False),
+            Column("ended_at", ts),
+            Column("died", Boolean, nullable=False, default=False),
+            Index(f"ix_{prefix}lease_queue", "queue"),
+        )  # fmt: skip
+        return cls(md, dedup, delivery, outbox, port, container, lease)
 
 
 # libpq-based drivers take these connection parameters.
