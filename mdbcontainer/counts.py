@@ -70,6 +70,7 @@ class DeliveryCounter:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.table = store.tables.delivery
+        self._container: str | None = None  # this process's container id, once it holds a lease
 
     def _upsert(self, queue: str, message_id: str, **increments: int | str) -> Any:
         t = self.table
@@ -116,6 +117,7 @@ class DeliveryCounter:
 
     def begin_lease(self, queue: str, container: str) -> str:
         """Write the lease of a consumer connection about to consume ``queue``; return its id."""
+        self._container = container
         lease = uuid.uuid4().hex
         now = utcnow()
         t = self.store.tables.lease
@@ -158,6 +160,8 @@ class DeliveryCounter:
     def _holder_alive(self, conn: Connection, lease: Any) -> bool:
         """A lease's process runs: by its pid on this host, by its container's heartbeat elsewhere."""
         if lease.host == socket.gethostname():
+            if lease.pid == os.getpid():  # a restarted container often gets its pid back (pid 1)
+                return bool(lease.container == self._container)
             return _process_runs(lease.pid)
         c = self.store.tables.container
         beat = conn.execute(select(c.c.heartbeat_at).where(c.c.id == lease.container)).scalar()
@@ -192,8 +196,6 @@ class DeliveryCounter:
 
 def _process_runs(pid: int) -> bool:
     """Whether process ``pid`` of this host runs (a zombie, dead and not yet reaped, does not)."""
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

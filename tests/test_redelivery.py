@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import os
+import socket
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mdbcontainer.counts import CRASHED, DeliveryCounter
+from mdbcontainer.settings import settings_from_dict
+from mdbcontainer.store import Store, utcnow
 from mdbcontainer.testing import wait_for
 from tests.conftest import Backend, rabbitmqctl
 
@@ -162,3 +170,59 @@ def test_a_competing_consumer_does_not_charge_a_living_containers_lost_deliverie
         "a living container's deliveries were backed out as crashes by its competitor"
     assert set(rabbit.effects().values()) == {1}
     assert all(row["backed_out"] == 0 and row["failed"] == 0 for row in rows), rows
+
+
+def test_an_unclosed_delivery_counts_only_when_a_lease_of_its_queue_shows_a_death(tmp_path: Path) -> None:
+    """The evidence, one lease at a time: a living holder counts nothing, a dead one counts once.
+
+    Dead is a process gone from this host (a zombie included), or this very
+    pid under another container id: a restarted container (pid 1 in a
+    container image) gets its pid back, and its earlier life's lease must
+    still count as a death.
+    """
+    settings = settings_from_dict({"container": {"database_url": f"sqlite:///{tmp_path}/c.db"}})
+    store = Store(settings.container)
+    store.create_tables()
+    counter = DeliveryCounter(store)
+    counter.begin_lease("q", "me")
+
+    def lease_of(pid: int, container: str) -> str:
+        lease = uuid.uuid4().hex
+        with store.engine.begin() as conn:
+            conn.execute(store.tables.lease.insert().values(
+                id=lease, queue="q", container=container, host=socket.gethostname(), pid=pid,
+                started_at=utcnow(), ended_at=None, died=False))
+        return lease
+
+    try:
+        alive = lease_of(os.getppid(), "parent")
+        assert counter.open("q", "lost-live").count == 0, "a living holder's delivery counted"
+        counter.end_lease(alive)
+        assert counter.open("q", "ended").count == 0
+
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        lease_of(gone.pid, "dead")
+        crashed = counter.open("q", "killer")
+        assert (crashed.count, crashed.last_exception) == (1, CRASHED)
+        assert counter.open("q", "killer").count == 2, "each unclosed delivery counts once"
+        counter.fail("q", "killer", "boom")
+        assert counter.open("q", "killer").count == 3
+    finally:
+        store.engine.dispose()
+
+    other = tmp_path / "reused"
+    other.mkdir()
+    settings = settings_from_dict({"container": {"database_url": f"sqlite:///{other}/c.db"}})
+    store = Store(settings.container)
+    store.create_tables()
+    try:
+        counter = DeliveryCounter(store)
+        with store.engine.begin() as conn:
+            conn.execute(store.tables.lease.insert().values(
+                id="earlier-life", queue="q", container="before-restart", host=socket.gethostname(),
+                pid=os.getpid(), started_at=utcnow(), ended_at=None, died=False))
+        counter.begin_lease("q", "after-restart")
+        assert counter.open("q", "killer").count == 1, "a lease of this pid's earlier life"
+    finally:
+        store.engine.dispose()
