@@ -129,6 +129,10 @@ class Heartbeat:
         it would hold the broker's silence against it (nobody reads meanwhile)
         and kill the connection under a batch that outlasts two heartbeats.
         """
+        if self._holder == threading.get_ident():  # inside reading(): let go of the lock instead
+            with self.away():
+                yield
+            return
         with self.lock:
             was_away, self._away = self._away, True
         try:
