@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -640,7 +641,18 @@ class Subscription:
         """Dispatch deliveries for up to ``timeout`` seconds (returns quietly on a quiet queue)."""
         assert self.conn is not None
         with using(self._beat), suppress(socket.timeout, TimeoutError):
-            self.conn.drain_events(timeout=timeout)
+            if self._beat is None:
+                self.conn.drain_events(timeout=timeout)
+                return
+            # Not py-amqp's drain_events: it reads on until a method frame comes, each
+            # broker heartbeat starting its timeout again, so on a quiet queue it can hold
+            # the lock for ever and our own heartbeats stop (the broker then closes us).
+            amqp_conn = self.conn.connection
+            deadline = time.monotonic() + timeout
+            while not amqp_conn.blocking_read(timeout):
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    return
 
     def cancel(self) -> None:
         """Stop consuming; deliveries already sent before the cancel still reach ``on_message``."""
