@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable
-from contextlib import suppress
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .delivery import Delivery
 from .errors import BrokerUnavailable, PublishError, QueueUnavailable, Unroutable
-from .heartbeat import Heartbeat, away, using
+from .heartbeat import Heartbeat, away, outside, using
 from .ownership import OwnerLock, in_use
 from .retry import DEFAULT as RETRY
 from .settings import EMBEDDED_DEFAULT_FILE, Settings, broker_urls, mask_url
@@ -630,11 +631,28 @@ class Subscription:
         # deleted in the meantime; the commit has already happened.
         log.error("transacted publish to %r returned unroutable: %s", exchange or routing_key, exc)
 
+    @contextmanager
+    def between_reads(self) -> Iterator[None]:
+        """The owner works without reading (a lingered batch): heartbeats go on meanwhile."""
+        with outside(self._beat):
+            yield
+
     def drain(self, timeout: float) -> None:
         """Dispatch deliveries for up to ``timeout`` seconds (returns quietly on a quiet queue)."""
         assert self.conn is not None
         with using(self._beat), suppress(socket.timeout, TimeoutError):
-            self.conn.drain_events(timeout=timeout)
+            if self._beat is None:
+                self.conn.drain_events(timeout=timeout)
+                return
+            # Not py-amqp's drain_events: it reads on until a method frame comes, each
+            # broker heartbeat starting its timeout again, so on a quiet queue it can hold
+            # the lock for ever and our own heartbeats stop (the broker then closes us).
+            amqp_conn = self.conn.connection
+            deadline = time.monotonic() + timeout
+            while not amqp_conn.blocking_read(timeout):
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    return
 
     def cancel(self) -> None:
         """Stop consuming; deliveries already sent before the cancel still reach ``on_message``."""

@@ -231,6 +231,7 @@ class Container:
         if self.endpoints is not None:
             self.endpoints.stop()
         try:
+            self.resources.counter.end_leases_of(self.id)
             self.resources.control.deregister()
         except Exception as exc:
             log.warning("could not deregister container %s: %s", self.id, describe(exc))
