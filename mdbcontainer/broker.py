@@ -19,7 +19,7 @@ from typing import Any
 
 import kombu
 import tenacity
-from amqp.exceptions import AccessRefused
+from amqp.exceptions import AccessRefused, NotAllowed
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .delivery import Delivery
@@ -174,7 +174,7 @@ class Broker:
             conn = self.connection(confirms=confirms, heartbeat=heartbeat, node=node)
             try:
                 conn.connect()
-            except AccessRefused as exc:
+            except (AccessRefused, NotAllowed) as exc:  # a wrong user, password or vhost
                 with suppress(Exception):
                     conn.close()
                 raise self._login_refused(exc) from exc
@@ -204,6 +204,23 @@ class Broker:
         traceback, or stop a port for the whole fleet as if a message had failed.
         """
         return BrokerUnavailable(f"broker {self.masked_url} refused the login: {describe(exc)}")
+
+    def verify_login(self) -> BrokerUnavailable | None:
+        """Connect once: raise a refused login or vhost, return (not raise) a broker that is away.
+
+        ``mdb check`` and the start of ``mdb run`` tell the two apart: a wrong
+        user, password or vhost is a configuration error no retry can fix; a
+        broker that is down may come up, and ``mdb run`` waits for it.
+        """
+        try:
+            self.connect_once().close()
+        except BrokerUnavailable as exc:
+            if broker_refused(exc):
+                raise
+            return exc
+        except connection_errors() as exc:
+            return BrokerUnavailable(f"broker {self.masked_url} not reachable: {describe(exc)}")
+        return None
 
     def connect(self, *, confirms: bool = False, timeout: float | None = None,
                 heartbeat: bool = False) -> kombu.Connection:
@@ -660,7 +677,13 @@ class Subscription:
 
 def _worth_retrying(exc: BaseException) -> bool:
     """A lost or refused connection, but not a refused login (retrying cannot fix it)."""
-    return isinstance(exc, connection_errors()) and not isinstance(exc.__cause__, AccessRefused)
+    return isinstance(exc, connection_errors()) and not broker_refused(exc)
+
+
+def broker_refused(exc: BaseException) -> bool:
+    """The broker refused the URL's user, password (ACCESS_REFUSED) or vhost (NOT_ALLOWED)."""
+    refusals = (AccessRefused, NotAllowed)
+    return isinstance(exc, refusals) or isinstance(exc.__cause__, refusals)
 
 
 def describe(exc: BaseException | None) -> str:

@@ -166,6 +166,7 @@ def run(
         setup_logging(settings.container, process_index)
         raise typer.Exit(guarded(lambda: run_supervised(settings, port, supervisor)))
     setup_logging(settings.container)
+    refuse_wrong_logins(settings)
     count = processes or settings.container.processes
     if count > 1:
         from .supervisor import Supervisor
@@ -176,12 +177,20 @@ def run(
     raise typer.Exit(guarded(container.run))
 
 
+def refuse_wrong_logins(settings: Settings) -> None:
+    """Exit 2 on a database or broker that refuses the settings; one that is down is waited for."""
+    from .check import verify_services
+
+    guarded(lambda: verify_services(settings))
+
+
 @app.command(cls=Command)
 def check(config: ConfigOption = None) -> None:
-    """Validate the settings and import the listeners; warn about risky poison-message settings."""
+    """Validate the settings, import the listeners, connect to the broker and the database;
+    warn about risky poison-message settings."""
     from .acknowledge import check_mode
     from .broker import Broker
-    from .check import warnings_for
+    from .check import verify_services, warnings_for
     from .container import bind
     from .metadata import load_metadata
 
@@ -195,7 +204,7 @@ def check(config: ConfigOption = None) -> None:
         from .supervisor import validate
 
         guarded(lambda: validate(settings, None, settings.container.processes))
-    warnings = warnings_for(settings, bindings)
+    warnings = warnings_for(settings, bindings) + guarded(lambda: verify_services(settings))
     for line in warnings:
         typer.echo(f"warning: {line}", err=True)
     typer.echo(

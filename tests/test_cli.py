@@ -12,7 +12,7 @@ import kombu
 import pytest
 
 from mdbcontainer.testing import mdb, write_settings
-from tests.conftest import CHILD_ENV, RABBITMQ_URL, ROOT, Backend, one_line_error
+from tests.conftest import CHILD_ENV, POSTGRES_URL, RABBITMQ_URL, ROOT, Backend, one_line_error
 
 
 @pytest.fixture
@@ -230,6 +230,54 @@ def test_a_refused_login_is_one_line_exit_1_without_the_password(rabbit: Backend
         assert result.returncode == 1, result.stderr
         assert "s3cret-pw" not in result.stderr + result.stdout
         assert "ACCESS_REFUSED" in line and "guest:***@" in line
+
+
+REFUSED_SETTINGS = [
+    pytest.param("broker_url", RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw"),
+                 "ACCESS_REFUSED", id="wrong-password"),
+    pytest.param("broker_url", RABBITMQ_URL.replace("guest:guest", "nobody-mdb:s3cret-pw"),
+                 "ACCESS_REFUSED", id="unknown-user"),
+    pytest.param("broker_url", RABBITMQ_URL.rstrip("/") + "/no-such-vhost-mdb", "NOT_ALLOWED",
+                 id="unknown-vhost"),
+    pytest.param("database_url", POSTGRES_URL.replace("/test", "/no_such_db_mdb"),
+                 'database "no_such_db_mdb" does not exist', id="unknown-database"),
+    pytest.param("database_url", POSTGRES_URL.replace("postgres@", "no_such_role_mdb:s3cret-pw@"),
+                 'role "no_such_role_mdb" does not exist', id="unknown-role"),
+]
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+@pytest.mark.parametrize(("key", "url", "said"), REFUSED_SETTINGS)
+def test_check_and_run_exit_2_on_a_service_that_refuses_the_settings(
+        rabbit: Backend, key: str, url: str, said: str) -> None:
+    """A wrong login, vhost or database is no outage: waiting cannot fix it. ``mdb check`` (a
+    deployment's pre-start step) and ``mdb run`` exit 2 with one line naming the setting."""
+    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q"), "max_retries": 5}},
+                            **{key: url})
+    for args in (("check",), ("run",), ("run", "--processes", "2")):
+        result = mdb(*args, settings=settings, env=rabbit.env, timeout=30)
+        line = one_line_error(result)
+        assert result.returncode == 2, (args, result.stderr)
+        assert line.startswith(f"mdb: error: container.{key}: ") and said in line, line
+        assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+def test_check_warns_about_a_service_that_is_down_and_run_waits_for_it(tmp_path: Path) -> None:
+    """A broker or database that is down may come up: a warning, not an error, from ``mdb check``."""
+    path = write_settings(tmp_path / "s.toml", {
+        "container": {"listeners": ["tests.apps.work"], "broker_url": "amqp://guest:guest@127.0.0.1:1//",
+                      "database_url": "postgresql+psycopg://postgres@127.0.0.1:1/test"},
+        "ports": {"Work": {"destination": "WORK", "max_retries": 5}},
+    })
+    result = mdb("check", settings=path, env=CHILD_ENV)
+    assert result.returncode == 0, result.stderr
+    warnings = result.stderr.splitlines()
+    assert [w.split(" not reachable")[0] for w in warnings] == [
+        "warning: broker amqp://guest:***@127.0.0.1:1//",
+        "warning: database postgresql+psycopg://postgres@127.0.0.1:1/test"]
+    assert all(w.endswith("mdb run waits for it") for w in warnings), warnings
+    assert "2 warning(s)" in result.stdout
 
 
 @pytest.mark.rabbitmq
