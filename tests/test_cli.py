@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import sys
@@ -526,24 +527,99 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(
         cli.main()
 
 
-def test_tables_fit_the_width_without_wrapping_a_row() -> None:
+def test_tables_fit_the_width_moving_cells_to_a_second_line_never_cutting_them() -> None:
     from mdbcontainer.tables import Column, fit
 
     columns = [Column("id", keep=True), Column("note", 6), Column("zeros", right=True, drop=1),
-               Column("when", 8, drop=2)]
-    rows = [["3f1c0a6e-1b2c-4d5e", "a long explanation of it", "0", "2026-11-30 20:40:53"]]
+               Column("when", 8, drop=2), Column("empty", drop=0)]
+    rows = [["3f1c0a6e-1b2c-4d5e", "a long explanation of it", "0", "2026-11-30 20:40:53", "-"]]
     assert fit(columns, rows, 100) == [
-        "id                  note                      zeros  when",
-        "3f1c0a6e-1b2c-4d5e  a long explanation of it      0  2026-11-30 20:40:53",
+        "id                  note                      zeros  when                 empty",
+        "3f1c0a6e-1b2c-4d5e  a long explanation of it      0  2026-11-30 20:40:53  -",
     ]
-    # 40 columns: the column of zeros is left out (before the time, though the time ranks
-    # lower), the id stays whole, the other cells are cut, not wrapped.
+    # 40 columns: the empty column goes; the zeros move under the row first (before the time,
+    # though the time ranks higher), then the long note, whole; the time then fits back
+    # beside the id, which stays whole on its line.
     assert fit(columns, rows, 40) == [
-        "id                  note       when",
-        "3f1c0a6e-1b2c-4d5e  a long e…  2026-11-…",
-        "(left out to fit 40 columns: zeros;",
-        "--json shows every field)",
+        "id                  when",
+        "3f1c0a6e-1b2c-4d5e  2026-11-30 20:40:53",
+        "    note: a long explanation of it",
+        "    zeros: 0",
     ]
+
+
+PORT_ROWS = [  # two processes of one fleet, ports without batches
+    ["vm:18893:91c9d9", "OrdersPort", "ORDERS", "started", "0", "12", "10", "1", "1", "0", "1", "0",
+     "-", "-", "2026-12-01 13:45:36", ""],
+    ["vm:18894:a1b2c3", "OrdersPort", "ORDERS", "stopped", "1", "3", "2", "0", "1", "0", "0", "0",
+     "-", "-", "2026-12-01 13:45:36", "message m-1 failed 1 time(s): RuntimeError: boom"],
+]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_ports_table_keeps_the_container_drops_empty_columns_and_cuts_nothing(width: int) -> None:
+    """The container tells two processes' rows apart: it stays; all-``-`` batches go first;
+    what does not fit moves to a second line, whole (not ``sta…``)."""
+    from mdbcontainer.operate import PORT_COLUMNS
+    from mdbcontainer.tables import fit
+
+    lines = fit(PORT_COLUMNS, PORT_ROWS, width)
+    assert all(len(line) <= width for line in lines), lines
+    assert "…" not in "".join(lines)
+    header = lines[0].split()
+    assert header[:2] == ["container", "port"] and "state" in header
+    assert "batches" not in lines[0] and "fallbacks" not in "".join(lines), "empty: left out"
+    rows = [line for line in lines if line.startswith("vm:")]
+    assert [r.split()[0] for r in rows] == ["vm:18893:91c9d9", "vm:18894:a1b2c3"]
+    assert "started" in rows[0] and "stopped" in rows[1]
+    text = " ".join(" ".join(lines).split())
+    assert "reason: message m-1 failed 1 time(s): RuntimeError: boom" in text, "whole, under its row"
+    for header_or_pair in ("handled", "duplicate"):  # the dedup step stays on the row's line
+        assert header_or_pair in lines[0]
+    if width == 120:
+        assert "delivered" in lines[0] and "failures" in lines[0]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_dlq_list_keeps_reason_and_exception_whole(width: int) -> None:
+    from mdbcontainer.dlq import LIST_COLUMNS
+    from mdbcontainer.tables import fit
+
+    exception = "ValidationError: 1 validation error for OrderPlaced order_id Input should be a valid integer"
+    rows = [["3f1c0a6e-1b2c-4d5e-9f00-1234567890ab", "ORDERS", "OrdersPort", "invalid-body", "1",
+             "2026-11-30 20:40:53", exception]]
+    lines = fit(LIST_COLUMNS, rows, width)
+    assert all(len(line) <= width for line in lines) and "…" not in "".join(lines), lines
+    assert lines[1].startswith("3f1c0a6e-1b2c-4d5e-9f00-1234567890ab  ORDERS  ")
+    assert "invalid-body" in lines[1], "the reason whole on the row's line"
+    assert f"exception: {exception}" in " ".join(" ".join(lines).split())
+    if width == 120:
+        assert "failed at (UTC)" in lines[0] and "port" in lines[0]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_ports_watch_is_readable_at_the_terminal_width(width: int) -> None:
+    """``mdb ports --watch`` follows the same rule: nothing cut to ``sta…`` at 120 columns."""
+    from rich.console import Console
+
+    from mdbcontainer.watch import Sample, render
+
+    fields = ("container", "port", "destination", "state", "consecutive_failures", "delivered",
+              "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body", "expired")
+    rows = [dict(zip(fields, row, strict=False)) | {"since": "2026-12-01T" + row[14][11:],
+                                                    "reason": row[15]} for row in PORT_ROWS]
+    sample = Sample(rows=rows, depths={"ORDERS": 7}, taken_at=1.0)
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(render(sample, {}, "settings.toml", [], 1.0, width))
+    lines = console.export_text().splitlines()
+    table = [line for line in lines if line.startswith(("container", "vm:", "    "))]
+    assert all(len(line) <= width for line in lines) and "…" not in "".join(lines), lines
+    assert table[0].split()[:2] == ["container", "port"] and "state" in table[0]
+    assert [line.split()[:4] for line in table if line.startswith("vm:")] == [
+        ["vm:18893:91c9d9", "OrdersPort", "ORDERS", "started"],
+        ["vm:18894:a1b2c3", "OrdersPort", "ORDERS", "stopped"]]
+    assert "batches" not in "".join(table), "all - : left out"
+    assert "reason: message m-1 failed 1 time(s): RuntimeError: boom" in " ".join(" ".join(table).split())
 
 
 # -- one exception tree (issue 13) ---------------------------------------------------------------
