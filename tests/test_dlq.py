@@ -359,3 +359,31 @@ def test_a_replay_killed_mid_way_and_run_again_still_applies_a_backed_out_messag
                  what="the second copy consumed")
         wait_for(lambda: backend.probe(settings).count(dlq) == 0, what="the DLQ empty")
     assert backend.effects() == {"m": 1}
+
+
+def test_replay_warns_that_invalid_bodies_come_straight_back(backend: Backend) -> None:
+    """An invalid body replayed as it is fails validation again: the replay says which ones."""
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    with backend.producer(settings) as producer:
+        for mid, reason in (("poison", "backout-threshold"), ("bad-1", "invalid-body"),
+                            ("bad-2", "invalid-body")):
+            producer.send(dlq, {"n": 1}, message_id=mid, headers={
+                "x-mdb-original-destination": backend.q("PARKED"), "x-mdb-backout-reason": reason})
+    result = mdb("dlq", "replay", "--all", settings=settings, env=backend.env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "replayed 3 message(s)"
+    warning = result.stderr.strip()
+    assert warning.startswith("warning: 2 of them are invalid bodies (invalid-body: bad-1, bad-2)")
+    assert "mdb send DEST @fixed.json --id ID" in warning and "mdb dlq purge" in warning
+
+
+def test_show_prints_the_body_as_it_was_sent(backend: Backend) -> None:
+    """``19 bytes`` and the 19 characters sent, not JSON re-spaced to 20."""
+    queue, dlq = backend.q("IN"), backend.q("DLQ")
+    settings = work_settings(backend, queue)
+    sent = '{"a":1,  "b": "x"}'
+    publish_raw(backend, settings, dlq, "as-sent", sent.encode(), "application/json")
+    result = mdb("dlq", "show", "as-sent", "--queue", dlq, settings=settings, env=backend.env)
+    assert result.returncode == 0, result.stderr
+    assert f"body (json, {len(sent)} bytes): {sent}\n" in result.stdout, result.stdout
