@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ from typing import Any
 import kombu
 import pytest
 
+from mdbcontainer.settings import load_settings
 from mdbcontainer.testing import mdb, write_settings
 from tests.conftest import CHILD_ENV, POSTGRES_URL, RABBITMQ_URL, ROOT, Backend, one_line_error
 
@@ -103,6 +107,54 @@ def test_send_reads_body_from_file_and_prints_ids(good: Path, tmp_path: Path) ->
     assert result.stdout.split() == ["m-1", "m-2", "m-3"]
 
 
+def test_send_lines_sends_one_distinct_message_per_json_line(backend: Backend) -> None:
+    """``mdb send Q @orders.jsonl --lines``: many distinct messages from the command line."""
+    queue = backend.q("ORDERS")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    orders = backend.tmp / "orders.jsonl"
+    orders.write_text('{"order_id": 1}\n\n{"order_id": 2}\n{"order_id": 3}\n')
+    result = mdb("send", queue, f"@{orders}", "--lines", "--id", "order", settings=settings,
+                 env=backend.env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["order-1", "order-2", "order-3"]
+    taken = backend.probe(settings).take_all(queue)
+    assert [json.loads(m.body) for m in taken] == [{"order_id": n} for n in (1, 2, 3)]
+
+
+def test_send_lines_sends_nothing_when_a_line_is_not_json(good: Path, tmp_path: Path) -> None:
+    orders = tmp_path / "orders.jsonl"
+    orders.write_text('{"order_id": 1}\n{"order_id": 2,}\n')
+    result = mdb("send", "WORK", f"@{orders}", "--lines", settings=good, env=CHILD_ENV)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"{orders}:2 is not JSON" in one_line_error(result) and "nothing was sent" in result.stderr
+    for args in (("{}", "--lines"), (f"@{orders}", "--lines", "--count", "2")):
+        result = mdb("send", "WORK", *args, settings=good, env=CHILD_ENV)
+        assert result.returncode == 2, args
+
+
+def test_send_does_not_pay_for_the_database_layer(tmp_path: Path) -> None:
+    """One ``mdb send`` imports neither SQLAlchemy nor the handler machinery: they were most of
+    its 0.45 s. The public names still import on first use."""
+    body = tmp_path / "b.json"
+    body.write_text("{}")
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": "sqlite:///relative/container.db", "listeners": []}})
+    script = ("import sys; from mdbcontainer.cli import main; sys.argv = ['mdb'] + sys.argv[1:]\n"
+              "try:\n    main()\nexcept SystemExit:\n    pass\n"
+              "print(sorted(m for m in ('sqlalchemy', 'mdbcontainer.context', 'mdbcontainer.pipeline')"
+              " if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script, "send", "Q", f"@{body}", "-c", str(settings)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **CHILD_ENV})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    import mdbcontainer
+
+    assert mdbcontainer.MessageContext.__name__ == "MessageContext"
+    assert load_settings(settings, environ={}).container.database_url == (
+        f"sqlite:///{tmp_path / 'relative/container.db'}"), "relative to the settings file, as before"
+
+
 def test_unreachable_broker_is_exit_1_without_the_password(tmp_path: Path) -> None:
     path = write_settings(tmp_path / "settings.toml", {"container": {
         "broker_url": "amqp://guest:topsecret@127.0.0.1:1//", "connect_timeout": "1s",
@@ -192,7 +244,7 @@ def test_send_help_names_each_option_with_its_placeholder() -> None:
     assert result.returncode == 0
     assert "Usage: mdb send [OPTIONS] {DEST} {BODY}" in result.stdout
     for option in ("--priority N", "--ttl DURATION", "--id ID", "-H, --header KEY=VALUE",
-                   "--reply-to QUEUE", "--correlation-id ID", "--count N"):
+                   "--reply-to QUEUE", "--correlation-id ID", "--count N", "--lines"):
         assert option in result.stdout
     assert re.search(r"^  --non-persistent {2,}Keep it", result.stdout, re.M)  # a flag: no placeholder
 
