@@ -108,7 +108,7 @@ class Broker:
         return self.url[len(EMBEDDED):] or EMBEDDED_DEFAULT_FILE
 
     def route(self, destination: str) -> tuple[str, str, bool]:
-        """(exchange, routing key, mandatory) of a destination, as contract section 6 names them.
+        """(exchange, routing key, mandatory) of a destination, as the README's *Guarantees* name them.
 
         A topic named in the settings is its exchange, published with the topic's
         name as routing key and not mandatory (no subscriber drops it, as JMS does);
@@ -240,7 +240,7 @@ class Broker:
     # -- topology ----------------------------------------------------------
 
     def queue_arguments(self, name: str) -> dict[str, Any]:
-        """The declare arguments of queue ``name``: none unless its settings ask (contract section 6)."""
+        """The declare arguments of queue ``name``: none unless its settings ask."""
         q = self.settings.queue(name)
         args: dict[str, Any] = {}
         if q.max_priority:

@@ -517,7 +517,7 @@ def dlq_purge(
     guarded(lambda: purge_command(settings, name))
 
 
-# -- request/reply and durable subscriptions (seed 001) ----------------------------
+# -- request/reply and durable subscriptions (README: JMS reliability mechanisms) ---
 
 
 @app.command(cls=Command)

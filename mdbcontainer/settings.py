@@ -303,7 +303,7 @@ class PortSettings(PortFields):
 
     @property
     def subscription_queue(self) -> str:
-        """A durable subscription is the queue ``CLIENT_ID.SUBSCRIPTION`` (contract section 6)."""
+        """A durable subscription is the queue ``CLIENT_ID.SUBSCRIPTION`` (README: JMS mechanisms)."""
         if self.client_id and self.subscription:
             return f"{self.client_id}.{self.subscription}"
         return ""
@@ -356,7 +356,7 @@ class Settings(BaseSettings):
     def names_queue(self, name: str) -> bool:
         """Whether the settings name queue ``name``, so a publish to it may declare it first.
 
-        A queue named nowhere is never created by a publish (contract section 4):
+        A queue named nowhere is never created by a publish (README: *Guarantees*):
         the mandatory publish fails instead, so a typo in a queue name is noticed.
         """
         named = {*self.queues, *self.backout_queues()}

@@ -273,7 +273,7 @@ def test_check_refuses_a_mode_the_embedded_broker_cannot_provide(tmp_path: Path)
 
 @pytest.mark.rabbitmq
 def test_a_refused_login_is_one_line_exit_1_without_the_password(rabbit: Backend) -> None:
-    """Contract 5: a broker that cannot be reached is exit 1 and one line; a wrong password too."""
+    """The CLI's exit codes (README: *The mdb command*): a broker that cannot be reached is exit 1 and one line; a wrong password too."""
     bad = RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw")
     settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}}, broker_url=bad,
                             connect_timeout="2s")
@@ -349,7 +349,7 @@ def test_a_queue_declare_the_broker_refuses_is_one_line_exit_1(rabbit: Backend) 
 
 
 def test_an_unknown_port_name_is_bad_usage_exit_2(tmp_path: Path) -> None:
-    """Contract 5: exit 2 for a bad argument, as ``mdb run --port NAME`` already does."""
+    """Exit 2 for a bad argument, as ``mdb run --port NAME`` already does."""
     settings = write_settings(tmp_path / "settings.toml", {
         "container": {
             "broker_url": f"embedded://{tmp_path / 'broker.db'}",

@@ -314,7 +314,7 @@ def test_show_cuts_a_big_body_unless_full(backend: Backend) -> None:
 
 
 def test_a_message_the_handler_moved_is_handled_again_when_replayed(backend: Backend) -> None:
-    """Contract 2 and 5: ``ctx.move_to`` counts as handled, so the dedup row of the message
+    """``ctx.move_to`` counts as handled, so the dedup row of the message
     commits with the move; ``mdb dlq replay`` must still bring the message back to its
     handler, not have it acknowledged as a duplicate of the delivery that moved it."""
     queue, dlq = backend.q("Q"), backend.q("DLQ")

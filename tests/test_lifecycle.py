@@ -234,7 +234,7 @@ def test_a_login_refused_while_running_is_an_outage_not_a_port_failure(rabbit: B
 
 
 def test_port_start_while_a_stopped_port_still_finishes_a_long_delivery(backend: Backend) -> None:
-    """Contract 4: ``mdb port start NAME`` starts a stopped port again. A request made while
+    """``mdb port start NAME`` starts a stopped port again. A request made while
     another consumer still finishes a long delivery (over the control loop's 5 s join) must
     start the port once that delivery ends, not be forgotten."""
     queue = backend.q("Q")
@@ -258,7 +258,7 @@ def test_port_start_while_a_stopped_port_still_finishes_a_long_delivery(backend:
 
 
 def test_a_bean_whose_teardown_raises_still_fails_with_its_own_error() -> None:
-    """Contract 1: a bean that raised is discarded (teardown) and replaced. A teardown that
+    """A bean that raised is discarded (teardown) and replaced. A teardown that
     raises too must not replace the handler's error (the one x-mdb-exception reports)."""
     from mdbcontainer.handlers import HandlerSpec, Invoker
 

@@ -1,4 +1,4 @@
-"""Relative paths in a settings file are relative to its folder (contract section 10).
+"""Relative paths in a settings file are relative to its folder (README: *Settings reference*).
 
 Every ``mdb`` command, from any working directory, finds the same embedded
 broker, SQLite database and TLS files as the container.
