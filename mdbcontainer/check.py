@@ -34,6 +34,8 @@ def warnings_for(settings: Settings, bindings: list[Binding]) -> list[str]:
                 "stops before a poison message is backed out; someone must restart it "
                 f"(mdb port start {binding.name}) for each failure up to the threshold. "
                 "Set max_retries >= backout_threshold to back poison out without stopping"
+                + (" (0 and 5 are the defaults, WebSphere's; README: Settings for a new service)"
+                   if (retries, threshold) == (0, 5) else "")
             )
         lines += _classic_backout(settings, queue, where)
     return lines

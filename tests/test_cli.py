@@ -50,6 +50,25 @@ def test_check_warns_about_risky_poison_settings(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("backout_threshold = 0", "backout_threshold = 5"))
     result = mdb("check", settings=path, env=CHILD_ENV)
     assert "max_retries = 0 < backout_threshold = 5: the port stops before" in result.stderr
+    assert "(0 and 5 are the defaults, WebSphere's; README: Settings for a new service)" in result.stderr
+
+
+def test_the_readme_settings_for_a_new_service_check_without_a_warning(tmp_path: Path) -> None:
+    """The defaults warn (WebSphere's 0 and 5 stop a port at each poison message); what the
+    README recommends for a new service does not."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Settings for a new service", 1)[1].split("\n## ", 1)[0]
+    toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    toml = toml.replace('"amqp://app:SECRET@mq1//"', f'"embedded://{tmp_path}/b.db"')
+    toml = toml.replace('"postgresql+psycopg://app:SECRET@db/orders"', f'"sqlite:///{tmp_path}/d.db"')
+    toml = toml.replace('["app.listeners"]', '["tests.apps.work"]')
+    toml = "\n".join(line for line in toml.splitlines() if not line.startswith("metadata ="))
+    toml = toml.replace("[ports.PaymentsPort]", "[ports.Work]")
+    path = tmp_path / "settings.toml"
+    path.write_text(toml)
+    result = mdb("check", settings=path, env=CHILD_ENV)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and "warning" not in result.stdout, result.stderr
 
 
 @pytest.mark.parametrize(
