@@ -368,7 +368,7 @@ def ports(
     ] = False,
     iterations: Annotated[int | None, typer.Option(hidden=True, min=1)] = None,
 ) -> None:
-    """Every port of every running container: state, reason, counts."""
+    """Every port of every running container: state, reason, counts (each since its container started)."""
     from .operate import show_ports
 
     if watch and as_json:

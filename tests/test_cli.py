@@ -268,6 +268,11 @@ def test_send_help_names_each_option_with_its_placeholder() -> None:
     assert re.search(r"^  --non-persistent {2,}Keep it", result.stdout, re.M)  # a flag: no placeholder
 
 
+def test_ports_help_says_the_counts_start_with_each_container() -> None:
+    result = mdb("ports", "-h", env=CHILD_ENV)
+    assert "counts (each since its container started)" in " ".join(result.stdout.split())
+
+
 def test_public_api_is_pinned() -> None:
     import mdbcontainer
 
