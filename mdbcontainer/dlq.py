@@ -47,7 +47,9 @@ EXCEPTION = "x-mdb-exception"
 BACKOUT_REASON = "x-mdb-backout-reason"
 # The broker's count of deliveries from the backout queue, not the message's own.
 BROKER_COUNT = "x-delivery-count"
-SUMMARY_WIDTH = 72
+# The exception's last line, whole in the table's second line up to this many characters
+# (``mdb dlq show ID`` prints all of it).
+SUMMARY_WIDTH = 300
 # ``mdb dlq show`` prints this much of a body unless asked for --full: a 2 MB body
 # would scroll the headers and the exception out of sight.
 BODY_PREVIEW = 2000

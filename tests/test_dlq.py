@@ -387,3 +387,14 @@ def test_show_prints_the_body_as_it_was_sent(backend: Backend) -> None:
     result = mdb("dlq", "show", "as-sent", "--queue", dlq, settings=settings, env=backend.env)
     assert result.returncode == 0, result.stderr
     assert f"body (json, {len(sent)} bytes): {sent}\n" in result.stdout, result.stdout
+
+
+def test_list_shows_the_exception_line_whole() -> None:
+    """The table's second line carries the exception; it is not cut to a fixed 72 characters."""
+    from mdbcontainer.dlq import DeadLetter
+
+    last = "InvalidBody: amount: Input should be a valid number, unable to parse string as a number " \
+           "[type=float_parsing, input_value='lots', input_type=str]"
+    letter = DeadLetter(queue="DLQ", id="bad-1", headers={"x-mdb-exception": f"Traceback ...\n{last}"},
+                        properties={}, body=b"{}", content_type="application/json")
+    assert letter.summary() == last
