@@ -373,12 +373,16 @@ def ports(
 
     if watch and as_json:
         usage_error("--watch draws a live table; for scripts, poll mdb ports --json instead")
-    settings = settings_for(config)
     if watch:
-        from .watch import watch as watch_ports
+        try:
+            watched = settings_for(config)
+            from .watch import watch as watch_ports
 
-        guarded(lambda: watch_ports(settings, iterations))
+            guarded(lambda: watch_ports(watched, iterations))
+        except KeyboardInterrupt:  # Ctrl-C before the first draw leaves as it does after: exit 0
+            pass
         return
+    settings = settings_for(config)
     guarded(lambda: show_ports(settings, as_json))
 
 

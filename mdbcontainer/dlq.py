@@ -459,7 +459,7 @@ def replay_command(
     """``mdb dlq replay``: print how many moved; a missing id or a refused publish is exit 1."""
     result = replay(settings, ids, replay_all=replay_all, queue=queue, to=to)
     typer.echo(f"replayed {result.replayed} message(s)")
-    if result.invalid:  # the same body fails validation again: warn before it is back
+    if result.invalid and to is None:  # back to the same handler, the body fails again: warn
         typer.echo(
             f"warning: {len(result.invalid)} of them are invalid bodies ({REASON_INVALID}: "
             f"{', '.join(result.invalid[:5])}{', ...' if len(result.invalid) > 5 else ''}) and will be "
