@@ -20,7 +20,7 @@ from typing import Any
 
 import kombu
 import tenacity
-from amqp.exceptions import AccessRefused
+from amqp.exceptions import AccessRefused, NotAllowed
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .delivery import Delivery
@@ -109,7 +109,7 @@ class Broker:
         return self.url[len(EMBEDDED):] or EMBEDDED_DEFAULT_FILE
 
     def route(self, destination: str) -> tuple[str, str, bool]:
-        """(exchange, routing key, mandatory) of a destination, as contract section 6 names them.
+        """(exchange, routing key, mandatory) of a destination, as the README's *Guarantees* name them.
 
         A topic named in the settings is its exchange, published with the topic's
         name as routing key and not mandatory (no subscriber drops it, as JMS does);
@@ -175,7 +175,7 @@ class Broker:
             conn = self.connection(confirms=confirms, heartbeat=heartbeat, node=node)
             try:
                 conn.connect()
-            except AccessRefused as exc:
+            except (AccessRefused, NotAllowed) as exc:  # a wrong user, password or vhost
                 with suppress(Exception):
                     conn.close()
                 raise self._login_refused(exc) from exc
@@ -206,6 +206,23 @@ class Broker:
         """
         return BrokerUnavailable(f"broker {self.masked_url} refused the login: {describe(exc)}")
 
+    def verify_login(self) -> BrokerUnavailable | None:
+        """Connect once: raise a refused login or vhost, return (not raise) a broker that is away.
+
+        ``mdb check`` and the start of ``mdb run`` tell the two apart: a wrong
+        user, password or vhost is a configuration error no retry can fix; a
+        broker that is down may come up, and ``mdb run`` waits for it.
+        """
+        try:
+            self.connect_once().close()
+        except BrokerUnavailable as exc:
+            if broker_refused(exc):
+                raise
+            return exc
+        except connection_errors() as exc:
+            return BrokerUnavailable(f"broker {self.masked_url} not reachable: {describe(exc)}")
+        return None
+
     def connect(self, *, confirms: bool = False, timeout: float | None = None,
                 heartbeat: bool = False) -> kombu.Connection:
         """Connect within ``timeout`` (default ``connect_timeout``) or raise BrokerUnavailable."""
@@ -224,7 +241,7 @@ class Broker:
     # -- topology ----------------------------------------------------------
 
     def queue_arguments(self, name: str) -> dict[str, Any]:
-        """The declare arguments of queue ``name``: none unless its settings ask (contract section 6)."""
+        """The declare arguments of queue ``name``: none unless its settings ask."""
         q = self.settings.queue(name)
         args: dict[str, Any] = {}
         if q.max_priority:
@@ -678,7 +695,13 @@ class Subscription:
 
 def _worth_retrying(exc: BaseException) -> bool:
     """A lost or refused connection, but not a refused login (retrying cannot fix it)."""
-    return isinstance(exc, connection_errors()) and not isinstance(exc.__cause__, AccessRefused)
+    return isinstance(exc, connection_errors()) and not broker_refused(exc)
+
+
+def broker_refused(exc: BaseException) -> bool:
+    """The broker refused the URL's user, password (ACCESS_REFUSED) or vhost (NOT_ALLOWED)."""
+    refusals = (AccessRefused, NotAllowed)
+    return isinstance(exc, refusals) or isinstance(exc.__cause__, refusals)
 
 
 def describe(exc: BaseException | None) -> str:

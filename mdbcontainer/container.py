@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import tenacity
+from sqlalchemy import MetaData
+from sqlalchemy.exc import SQLAlchemyError
 
 from .broker import Broker, Publisher, describe
 from .control import Wanted
@@ -27,13 +29,13 @@ from .endpoints import OperationsServer
 from .errors import ListenerError, SettingsError
 from .handlers import HandlerSpec, Invoker, import_listeners
 from .logs import fields
-from .metadata import load_metadata
+from .metadata import create_missing, load_metadata
 from .port import ListenerPort
 from .resources import SharedResources
 from .retry import DEFAULT as RETRY
 from .settings import PortSettings, Settings, validate_port
 from .store import Store
-from .transactions import is_infrastructure
+from .transactions import database_refused, is_infrastructure
 
 log = logging.getLogger("mdbcontainer.container")
 
@@ -246,9 +248,7 @@ class Container:
         def prepare() -> dict[str, Wanted]:
             self.store.create_tables()
             if self.metadata is not None:
-                self.metadata.create_all(self.store.engine)
-                log.info("created the missing tables of %s (%d table(s))",
-                         self.settings.container.metadata, len(self.metadata.tables))
+                self._create_application_tables(self.metadata)
             self.resources.control.register()
             return self.resources.control.wanted()
 
@@ -257,10 +257,27 @@ class Container:
             log.warning("database unavailable at start (attempt %d): %s; retrying in %.1fs",
                         state.attempt_number, describe(error), state.upcoming_sleep)
 
-        retrying = RETRY.until_stopped(self._stop, retry=tenacity.retry_if_exception(is_infrastructure),
+        def outage(exc: BaseException) -> bool:  # a missing database or a wrong login is no outage
+            return is_infrastructure(exc) and not database_refused(exc)
+
+        retrying = RETRY.until_stopped(self._stop, retry=tenacity.retry_if_exception(outage),
                                        before_sleep=before_sleep)
-        wanted: dict[str, Wanted] = retrying(prepare)
+        try:
+            wanted: dict[str, Wanted] = retrying(prepare)
+        except SQLAlchemyError as exc:
+            if database_refused(exc):
+                raise SettingsError(f"container.database_url: {describe(exc)}") from exc
+            raise
         return wanted
+
+    def _create_application_tables(self, metadata: MetaData) -> None:
+        """``container.metadata``'s missing tables, and a log line that says which (or none)."""
+        created = create_missing(metadata, self.store.engine)
+        reference = self.settings.container.metadata
+        if created:
+            log.info("created %d table(s) of %s: %s", len(created), reference, ", ".join(created))
+        else:
+            log.info("all %d table(s) of %s exist; none created", len(metadata.tables), reference)
 
     def request_stop(self) -> None:
         """Stop as the first SIGTERM would (gracefully), without counting as a signal."""
