@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import delete
@@ -103,10 +102,3 @@ class DeliveryCounter:
                 )
             )
 
-
-def redelivery_wait(delay: timedelta, backoff: float, cap: timedelta, failures: int) -> float:
-    """Seconds to hold a failed message before it is offered again (exponential when backoff > 1)."""
-    if delay <= timedelta(0) or failures <= 0:
-        return 0.0
-    seconds = delay.total_seconds() * (backoff ** (failures - 1))
-    return min(seconds, cap.total_seconds())
