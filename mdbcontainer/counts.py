@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from .logs import mask_secrets
 from .store import Store, utcnow
@@ -79,6 +79,15 @@ class DeliveryCounter:
         earlier = opened
         crashed = max(0, earlier - closed)
         return Attempt(failures + crashed, last if not crashed else CRASHED)
+
+    def failures(self, queue: str, message_id: str) -> int:
+        """The recorded failures of a message so far (a read: opens no attempt)."""
+        t = self.table
+        with self.store.engine.connect() as conn:
+            found = conn.execute(
+                select(t.c.failures).where(t.c.queue == queue, t.c.message_id == message_id)
+            ).scalar()
+        return int(found or 0)
 
     def fail(self, queue: str, message_id: str, text: str) -> None:
         """Record a failed delivery (durably, before the message is requeued)."""

@@ -11,7 +11,13 @@ messages at its head only, so a long wait would hold a short one behind it.
 
 A move is a confirmed, mandatory copy on the wait queue first and the
 acknowledgment of the original after (as a backout is): a crash between the
-two leaves one extra copy, which the dedup table absorbs on once-only ports.
+two (the broker's confirm of a persistent message waits for its disk, so the
+window is not small) leaves one extra copy. The original comes back at once;
+if it is then handled, the copy is absorbed by the dedup table on once-only
+ports; if it fails again, the copy is *stale*: its message has failed more
+often than when it left (``x-mdb-redelivery-count``), another copy carries
+it on, and the pipeline acknowledges the stale one without running it, so
+an extra copy neither runs nor counts failures of its own.
 The copy carries the failure context (``x-mdb-redelivery-count``,
 ``x-mdb-exception``, ...) and, for a message with a TTL, its expiry in
 ``x-mdb-expires-at``, because the broker drops ``expiration`` when it
@@ -101,6 +107,16 @@ def wait_queues(queue: str, q: QueueSettings) -> dict[str, dict[str, Any]]:
 def came_back(delivery: Delivery) -> bool:
     """Whether the delivery returned from a wait: a redelivery, though the broker's flag is off."""
     return delivery.header(WAITED) is not None
+
+
+def left_after(delivery: Delivery) -> int | None:
+    """The failures a message had when it left to wait (None: it did not come back from a wait)."""
+    if not came_back(delivery):
+        return None
+    try:
+        return int(delivery.header("x-mdb-redelivery-count"))
+    except (TypeError, ValueError):
+        return None
 
 
 def carried_failure(delivery: Delivery) -> str | None:

@@ -34,7 +34,7 @@ from .broker import Publisher, connection_errors, describe
 from .context import MessageContext
 from .counts import exception_text
 from .crash import crash_point
-from .delays import Delays, came_back, carried_failure
+from .delays import Delays, came_back, carried_failure, left_after
 from .delivery import Delivery, envelope
 from .errors import PublishError
 from .handlers import HandlerSpec, Invoker
@@ -239,8 +239,21 @@ class Pipeline:
             self.port.record("duplicate_skipped")
             self._log(logging.INFO, "duplicate_skipped", message_id, None, "already handled, not again")
             return None, None
+        if self._stale(delivery, message_id):
+            return None, None
         attempt = self.resources.counter.open(self.queue, message_id)
         return attempt.count, attempt.last_exception or carried_failure(delivery)
+
+    def _stale(self, delivery: Delivery, message_id: str) -> bool:
+        """A copy back from a wait whose message failed again since it left: an extra one (delays.py)."""
+        left = left_after(delivery)
+        if left is None or self.resources.counter.failures(self.queue, message_id) <= left:
+            return False
+        self.acks.discard(delivery)
+        self.port.record("duplicate_skipped")
+        self._log(logging.INFO, "duplicate_skipped", message_id, left,
+                  "a stale copy back from its redelivery delay (the message failed again since)")
+        return True
 
     def _decode(self, delivery: Delivery, message_id: str, count: int) -> Message | None:
         try:

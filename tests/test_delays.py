@@ -161,3 +161,25 @@ def test_a_crash_loses_no_waiting_message_and_applies_none_twice(backend: Backen
     assert backend.effects() == {"survivor": 1}, "applied once"
     counts = [a[3] for a in backend.attempts()]
     assert counts == [0, 1], "the crash counted no second failure; the extra copy never ran"
+
+
+def test_an_extra_copy_left_by_a_crash_neither_runs_nor_backs_out_twice(backend: Backend) -> None:
+    """SIGKILL after the copy is confirmed, before the original's ack: the original comes back at
+    once and fails again, so the copy that comes back later is stale and is acknowledged unrun."""
+    queue = backend.q("STALE")
+    settings = delayed_settings(backend, queue, redelivery_delay="5s", backout_threshold=3)
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "fail": 99}, message_id="poison")
+    first = backend.container(settings)
+    first.env.update({"MDB_CRASH_AT": "mid-wait", "MDB_CRASH_ONCE_FILE": str(backend.tmp / "crashed")})
+    with first.start(wait=False):
+        assert first.wait_exit(60) != 0, "killed itself at the crash point"
+    dlq = backend.q("DLQ")
+    with backend.container(settings, log_path=backend.tmp / "second.log") as second:
+        probe = backend.probe(settings)
+        wait_for(lambda: probe.count(dlq) == 1, timeout=40, what="the backout")
+        wait_for(lambda: second.port_state("Delayed")["duplicate_skipped"] == 1, timeout=20,
+                 what="the stale copy acknowledged unrun")
+        assert probe.count(f"{queue}.wait.5s") == 0 and probe.count(queue) == 0
+    assert [a[3] for a in backend.attempts()] == [0, 1, 2], "each failure counted once"
+    assert backend.probe(settings).count(dlq) == 1, "one copy in the backout queue"

@@ -5,6 +5,8 @@ process), move (ctx.move_to body["to"]), send (ctx.send body["to"]),
 constraint (violate a unique key at commit), sleep (body["seconds"]), badsql
 (SQL naming a table that does not exist: a bug in the handler, not a database
 outage).
+An optional ``"fail_first": K`` fails the first K deliveries (redelivery count
+below K), whatever the action, then lets it run (a message that succeeds on a retry).
 An optional ``"then"`` runs after the action: ``"rollback"``
 (set_rollback_only) or ``"fail"`` (raise), so work and sends made by the
 action are discarded with the transaction.
@@ -60,6 +62,8 @@ def perform(port: str, message: Message, ctx: MessageContext, session: Any | Non
     body: dict[str, Any] = message.body if isinstance(message.body, dict) else {"action": "ok"}
     action = body.get("action", "ok")
     log_attempt(port, message)
+    if message.redelivery_count < int(body.get("fail_first", 0)):
+        raise RuntimeError(f"message {body.get('n')} fails its first {body['fail_first']} deliveries")
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "fail":
