@@ -16,8 +16,10 @@ window is not small) leaves one extra copy. The original comes back at once;
 if it is then handled, the copy is absorbed by the dedup table on once-only
 ports; if it fails again, the copy is *stale*: its message has failed more
 often than when it left (``x-mdb-redelivery-count``), another copy carries
-it on, and the pipeline acknowledges the stale one without running it, so
-an extra copy neither runs nor counts failures of its own.
+it on, and the pipeline acknowledges the stale one, on its first delivery,
+without running it, so an extra copy neither runs nor counts failures of its
+own. (Only a copy's first delivery can be stale: a failure is counted before
+the move, so a copy the broker redelivers after a crash may be the last one.)
 The copy carries the failure context (``x-mdb-redelivery-count``,
 ``x-mdb-exception``, ...) and, for a message with a TTL, its expiry in
 ``x-mdb-expires-at``, because the broker drops ``expiration`` when it
@@ -110,8 +112,13 @@ def came_back(delivery: Delivery) -> bool:
 
 
 def left_after(delivery: Delivery) -> int | None:
-    """The failures a message had when it left to wait (None: it did not come back from a wait)."""
-    if not came_back(delivery):
+    """The failures a copy's message had when the copy left to wait, on the copy's first delivery.
+
+    None for anything else, a copy the broker redelivers included: that one
+    may be the only copy left (its process died after its failure was counted,
+    before its move), so it is never taken for an extra one.
+    """
+    if delivery.redelivered or not came_back(delivery):
         return None
     try:
         return int(delivery.header("x-mdb-redelivery-count"))
@@ -149,6 +156,7 @@ class Delays:
         wait = wait_after(self.settings, failures)
         if not wait:
             return False
+        crash_point("before-wait")
         try:
             self._publish(self.copy(delivery, wait, failures, exception))
         except PublishError as exc:

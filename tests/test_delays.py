@@ -133,6 +133,25 @@ def test_waiting_messages_show_in_mdb_ports(backend: Backend) -> None:
     assert backend.probe(settings).count(f"{queue}.wait.1m") == 2
 
 
+def test_a_crash_before_the_move_of_a_message_back_from_its_wait_loses_nothing(
+    backend: Backend,
+) -> None:
+    """Its second failure is counted, then SIGKILL before its move: the broker redelivers the copy
+    that came back, which is then the only one and must run (it is no stale extra copy)."""
+    queue = backend.q("LAST")
+    settings = delayed_settings(backend, queue, redelivery_delay="2s")
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "fail": 2}, message_id="last-copy")
+    first = backend.container(settings)
+    first.env.update({"MDB_CRASH_AT": "before-wait:2", "MDB_CRASH_ONCE_FILE": str(backend.tmp / "x")})
+    with first.start(wait=False):
+        assert first.wait_exit(60) != 0, "killed itself before the second move"
+    with backend.container(settings, log_path=backend.tmp / "second.log"):
+        wait_for(lambda: "last-copy" in backend.effects(), timeout=30, what="the message")
+    assert [a[3] for a in backend.attempts()] == [0, 1, 2]
+    assert backend.effects() == {"last-copy": 1}
+
+
 @pytest.mark.parametrize("crash", ["while it waits", "between the move and the ack"])
 def test_a_crash_loses_no_waiting_message_and_applies_none_twice(backend: Backend, crash: str) -> None:
     queue = backend.q("CRASH")
