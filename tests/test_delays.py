@@ -14,7 +14,7 @@ import pytest
 from mdbcontainer.delays import wait_queues
 from mdbcontainer.settings import QueueSettings
 from mdbcontainer.testing import mdb, wait_for
-from tests.conftest import Backend
+from tests.conftest import Backend, rabbitmqctl
 
 pytestmark = pytest.mark.slow
 
@@ -202,3 +202,20 @@ def test_an_extra_copy_left_by_a_crash_neither_runs_nor_backs_out_twice(backend:
         assert probe.count(f"{queue}.wait.5s") == 0 and probe.count(queue) == 0
     assert [a[3] for a in backend.attempts()] == [0, 1, 2], "each failure counted once"
     assert backend.probe(settings).count(dlq) == 1, "one copy in the backout queue"
+
+
+@pytest.mark.rabbitmq
+def test_a_quorum_queue_waits_on_quorum_wait_queues(rabbit: Backend) -> None:
+    queue = rabbit.q("QUORUM")
+    settings = delayed_settings(rabbit, queue, {"prefetch": 1}, quorum=True, redelivery_delay="1s",
+                                backout_threshold=3)
+    with rabbit.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "fail": 1}, message_id="q1")
+        producer.send(queue, {"n": 2, "fail": 9}, message_id="q-poison")
+    with rabbit.container(settings):
+        wait_for(lambda: "q1" in rabbit.effects(), timeout=30, what="the message after its wait")
+        wait_for(lambda: rabbit.probe(settings).count(rabbit.q("DLQ")) == 1, timeout=30, what="backout")
+    listed = rabbitmqctl("list_queues", "--quiet", "--no-table-headers", "name", "type", "arguments")
+    types = {line.split("\t")[0]: line for line in listed.splitlines() if "\t" in line}
+    assert "quorum" in types[f"{queue}.wait.1s"] and "at-least-once" in types[f"{queue}.wait.1s"]
+    assert [a[3] for a in rabbit.attempts() if a[1] == "q-poison"] == [0, 1, 2]
