@@ -394,6 +394,7 @@ class Container:
                 continue
             try:
                 self._waiting[name] = sum(publisher.depth(queue) or 0 for queue in waits)
+                self.resources.metrics.waiting.labels(port=name).set(self._waiting[name])
             except Exception as exc:
                 publisher.close()
                 log.debug("waiting messages of port %s not measured: %s", name, describe(exc))
