@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,29 @@ def test_a_quorum_queue_waits_on_quorum_wait_queues(rabbit: Backend) -> None:
     types = {line.split("\t")[0]: line for line in listed.splitlines() if "\t" in line}
     assert "quorum" in types[f"{queue}.wait.1s"] and "at-least-once" in types[f"{queue}.wait.1s"]
     assert [a[3] for a in rabbit.attempts() if a[1] == "q-poison"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("transaction", ["container", "none"])
+def test_a_failed_member_of_a_batch_waits_alone_and_the_rest_are_settled(
+    backend: Backend, transaction: str,
+) -> None:
+    queue = backend.q("BATCHED")
+    keys = {"redelivery_delay": "1s", "backout_threshold": 3}
+    backend.queues.update(wait_queues(queue, QueueSettings(**keys)))
+    settings = backend.write(
+        ports={"Work": {"destination": queue, "batch_size": 10, "batch_linger": "300ms",
+                        "transaction": transaction, "max_retries": 5}},
+        queues={queue: keys})
+    with backend.producer(settings) as producer:
+        for n in range(10):
+            producer.send(queue, {"n": n, **({"fail_first": 1} if n == 6 else {})}, message_id=f"b-{n}")
+    with backend.container(settings) as container:
+        wait_for(lambda: (container.port_state("Work") or {}).get("handled") == 10, timeout=30,
+                 what="ten handled, the failed one after its wait")
+        probe = backend.probe(settings)
+        assert probe.count(queue) == 0 and probe.count(f"{queue}.wait.1s") == 0
+    assert [a[3] for a in backend.attempts() if a[1] == "b-6"][-2:] == [0, 1]
+    if transaction == "container":
+        assert backend.effects() == {f"b-{n}": 1 for n in range(10)}
+    else:
+        assert all(n == 1 for mid, n in Counter(a[1] for a in backend.attempts()).items() if mid != "b-6")
