@@ -142,10 +142,6 @@ class Delays:
         self._publish = publish
         self._discard = discard
 
-    @property
-    def enabled(self) -> bool:
-        return self.settings.redelivery_delay > timedelta(0)
-
     def move(self, delivery: Delivery, failures: int, exception: str) -> bool:
         """Send the failed delivery to wait, then acknowledge it; False: requeue it at once instead.
 
