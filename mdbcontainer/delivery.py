@@ -149,10 +149,12 @@ class Delivery:
 
 
 def _parse_instant(text: Any) -> datetime | None:
+    """An ISO 8601 instant from a header (UTC when it names no zone); None when it is not one."""
     try:
-        return datetime.fromisoformat(str(text))
+        instant = datetime.fromisoformat(str(text))
     except ValueError:
         return None
+    return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
 
 
 def envelope(delivery: Delivery, message_id: str, count: int, accept: list[str] | frozenset[str],
