@@ -23,6 +23,7 @@ import tenacity
 from amqp.exceptions import AccessRefused, NotAllowed
 from kombu.exceptions import OperationalError as KombuOperationalError
 
+from .delays import wait_queues
 from .delivery import Delivery
 from .errors import BrokerUnavailable, PublishError, QueueUnavailable, Unroutable
 from .heartbeat import Heartbeat, away, outside, using
@@ -102,6 +103,7 @@ class Broker:
         self.heartbeat = int(settings.container.heartbeat.total_seconds())
         self.is_embedded = self.url.startswith(EMBEDDED)
         self.capabilities = EMBEDDED_CAPS if self.is_embedded else RABBITMQ
+        self._waits: dict[str, dict[str, Any]] | None = None  # wait queue -> arguments, when asked
 
     @property
     def embedded_path(self) -> str:
@@ -261,8 +263,19 @@ class Broker:
         self._declare(channel, name)
 
     def _declare(self, channel: Any, name: str) -> None:
-        arguments = self.queue_arguments(name)
+        """Declare queue ``name``, then the queues its failed messages wait on (delays.py), if any."""
+        self._declare_with(channel, name, self.queue_arguments(name))
+        for wait, arguments in wait_queues(name, self.settings.queue(name)).items():
+            self._declare_with(channel, wait, arguments)
 
+    def wait_queue_arguments(self, name: str) -> dict[str, Any] | None:
+        """The declare arguments of ``name`` if it is a wait queue of a queue the settings name."""
+        if self._waits is None:
+            self._waits = {wait: args for queue, q in self.settings.queues.items()
+                           for wait, args in wait_queues(queue, q).items()}
+        return self._waits.get(name)
+
+    def _declare_with(self, channel: Any, name: str, arguments: dict[str, Any]) -> None:
         def declare() -> None:
             channel.queue_declare(queue=name, durable=True, auto_delete=False, arguments=arguments or None)
 
@@ -307,6 +320,8 @@ class Broker:
             self.declare_topic(channel, destination)
         elif self.settings.names_queue(destination):
             self.declare_queue(channel, destination)
+        elif (arguments := self.wait_queue_arguments(destination)) is not None:
+            self._declare_with(channel, destination, arguments)  # deleted by an operator? back again
         return route
 
 
@@ -471,6 +486,20 @@ class Publisher:
             self.close()
             raise PublishError(f"publish of {len(items)} message(s) failed: {describe(exc)}") from exc
         return errors
+
+    def depth(self, queue: str) -> int | None:
+        """Messages ready on ``queue`` (a passive declare), or None when it does not exist."""
+        channel = self.channel
+        try:
+            with using(self._beat):
+                return int(channel.queue_declare(queue=queue, passive=True).message_count)
+        except connection_errors():
+            self.close()
+            raise
+        except Exception as exc:  # NOT_FOUND closes the channel: open a new one next time
+            self.close()
+            log.debug("queue %s not measured: %s", queue, describe(exc))
+            return None
 
     def _unroutable(self, routing_key: str) -> Unroutable:
         self._declared.discard(routing_key)  # deleted since declared? the next route declares it

@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .broker import Broker, Publisher, describe
 from .control import Wanted
+from .delays import wait_queues
 from .endpoints import OperationsServer
 from .errors import ListenerError, SettingsError
 from .handlers import HandlerSpec, Invoker, import_listeners
@@ -146,6 +147,7 @@ class Container:
         self.ports = {b.name: self._port(b) for b in self.bindings}
         self._threads: list[threading.Thread] = []
         self._generations: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}  # per port: messages waiting out a redelivery delay
         self.endpoints: OperationsServer | None = None
         for port in self.ports.values():
             self._bind_metrics(port)
@@ -380,7 +382,7 @@ class Container:
                 "handled": s.handled, "duplicate_skipped": s.duplicate_skipped,
                 "invalid_body": s.invalid_body, "since": port.since.isoformat(),
                 "batch_size": port.settings.batch_size, "batches": s.batches,
-                "batched": s.batched, "fallbacks": s.fallbacks,
+                "batched": s.batched, "fallbacks": s.fallbacks, "waiting": self._waiting.get(name, 0),
                 "stuck": [stuck.row() for stuck in port.stuck()],
             })
         return rows
@@ -392,6 +394,7 @@ class Container:
             while not self._stop.wait(RELAY_EVERY):
                 self._relay(publisher)
                 self._measure_outbox()
+                self._measure_waiting(publisher)
                 if time.monotonic() - last_purge >= PURGE_EVERY:
                     last_purge = time.monotonic()
                     self.purge()
@@ -411,6 +414,20 @@ class Container:
             self.resources.metrics.outbox_backlog.set(self.resources.outbox.backlog())
         except Exception as exc:
             log.debug("outbox backlog not measured: %s", describe(exc))
+
+    def _measure_waiting(self, publisher: Publisher) -> None:
+        """Messages of each port's queue waiting out a redelivery delay: its wait queues' depth."""
+        for name, port in self.ports.items():
+            waits = wait_queues(port.queue, port.queue_settings)
+            if not waits:
+                continue
+            try:
+                self._waiting[name] = sum(publisher.depth(queue) or 0 for queue in waits)
+                self.resources.metrics.waiting.labels(port=name).set(self._waiting[name])
+            except Exception as exc:
+                publisher.close()
+                log.debug("waiting messages of port %s not measured: %s", name, describe(exc))
+                return
 
     def purge(self) -> int:
         try:

@@ -171,6 +171,15 @@ class DeliveryCounter:
             beat = beat.replace(tzinfo=utcnow().tzinfo)
         return bool(utcnow() - beat < HOLDER_STALE)
 
+    def failures(self, queue: str, message_id: str) -> int:
+        """The recorded failures of a message so far (a read: opens no attempt)."""
+        t = self.table
+        with self.store.engine.connect() as conn:
+            found = conn.execute(
+                select(t.c.failures).where(t.c.queue == queue, t.c.message_id == message_id)
+            ).scalar()
+        return int(found or 0)
+
     def fail(self, queue: str, message_id: str, text: str) -> None:
         """Record a failed delivery (durably, before the message is requeued)."""
         with self.store.engine.begin() as conn:
@@ -208,10 +217,3 @@ def _process_runs(pid: int) -> bool:
         return True  # no /proc: the signal check above is all there is
     return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
-
-def redelivery_wait(delay: timedelta, backoff: float, cap: timedelta, failures: int) -> float:
-    """Seconds to hold a failed message before it is offered again (exponential when backoff > 1)."""
-    if delay <= timedelta(0) or failures <= 0:
-        return 0.0
-    seconds = delay.total_seconds() * (backoff ** (failures - 1))
-    return min(seconds, cap.total_seconds())

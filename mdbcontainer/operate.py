@@ -51,13 +51,13 @@ def show_ports(settings: Settings, as_json: bool) -> None:
 # from zero with its container (the README's *The mdb command*).
 PORT_FIELDS = ("container", "port", "destination", "state", "consecutive_failures", "delivered",
                "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body", "expired",
-               "batches", "fallbacks", "since", "reason")
+               "waiting", "batches", "fallbacks", "since", "reason")
 PORT_COLUMNS = (
     Column("container", keep=True), Column("port", keep=True), Column("destination", 8),
     Column("state", keep=True), *(
         Column(header, right=True, drop=drop) for header, drop in (
             ("failures", 2), ("delivered", 5), ("handled", 1), ("duplicate", 1), ("failed", 3),
-            ("backed out", 3), ("invalid body", 3), ("expired", 4))
+            ("backed out", 3), ("invalid body", 3), ("expired", 4), ("waiting", 3))
     ), Column("batches", 9, right=True, drop=2), Column("fallbacks", right=True, drop=2),
     Column("since", 19, drop=9), Column("reason", 10, drop=6),
 )
