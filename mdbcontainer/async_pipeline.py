@@ -158,11 +158,8 @@ class AsyncPipeline(Pipeline):
         return result
 
     def _cancelled(self, delivery: Delivery) -> None:
-        message_id = delivery.message_id
-        if self._lost:  # the broker requeues it with the channel: only record it
-            self.acks.record_hand_back([message_id] if message_id else [])
-        else:
-            self.acks.hand_back(delivery, message_id)
+        if not self._lost:  # else the broker requeues it with the channel, under the lease (counts.py)
+            self.acks.hand_back(delivery, delivery.message_id)
 
     def _resources(self) -> AsyncResources:
         """The async engine of this loop, made on first use (its connections belong to the loop)."""
@@ -254,9 +251,9 @@ class AsyncPipeline(Pipeline):
             self.acks.hand_back(delivery, delivery.message_id)
 
     def release(self) -> None:
-        """The channel is gone: waiting deliveries and running tasks go back with it, uncounted."""
-        waiting, self.waiting = list(self.waiting), deque()
-        self.acks.record_hand_back([d.message_id for d in waiting if d.message_id])
+        """The channel is gone: waiting deliveries and running tasks go back with it, uncounted
+        (the connection's lease says so, counts.py)."""
+        self.waiting = deque()
         if self.tasks:
             self._lost = True
             try:
