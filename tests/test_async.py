@@ -161,3 +161,28 @@ def test_an_explicit_prefetch_below_concurrency_is_a_settings_error(backend: Bac
         result = mdb(command, "-c", str(path), cwd=ROOT, env=backend.env, timeout=60)
         line = one_line_error(result, 2)
         assert "ports.AsyncWork.prefetch" in line and "concurrency (20)" in line, line
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+@pytest.mark.parametrize("port", ["AsyncWork", "AsyncBean"])
+def test_a_unit_the_database_ended_is_a_failed_delivery_never_acknowledged(rabbit: Backend,
+                                                                         port: str) -> None:
+    """An error caught inside the transaction: PostgreSQL ends it, and its COMMIT would roll back
+    silently. The delivery fails (counted, backed out at the threshold), its row never appears.
+    (SQLite keeps its transaction open after a failed statement: nothing ends it there.)"""
+    backend = rabbit
+    work = backend.q("AWORK")
+    settings: dict[str, Any] = {"destination": work, "max_retries": 5}
+    if port == "AsyncWork":
+        settings["transaction"] = "container"
+    path = backend.write(ports={port: settings}, queues={work: {"backout_threshold": 2}})
+    send(backend, path, work, [{"n": 1, "action": "swallow"}, {"n": 2, "action": "ok"}])
+    with backend.container(path) as container:
+        wait_for(lambda: backend.probe(path).count(backend.q("DLQ")) == 1, timeout=60,
+                 what="the backout of the message whose transaction was ended")
+        assert container.terminate() == 0
+    assert backend.effects(port) == Counter({"m-0001": 1})
+    assert [a[3] for a in backend.attempts(port) if a[1] == "m-0000"] == [0, 1]
+    (moved,) = backend.probe(path).take_all(backend.q("DLQ"))
+    assert "TransactionAborted" in headers_of(moved)["x-mdb-exception"]
