@@ -27,8 +27,10 @@ def seed() -> int:
 
 
 @pytest.mark.timeout(400)
-def test_short_chaos_run_loses_nothing_and_applies_nothing_twice(rabbit: Backend) -> None:
-    failures = ChaosRun(rabbit, Plan.short(seed())).run()
+@pytest.mark.parametrize("ports", [("Work", "Bean"), ("AsyncWork", "AsyncBean")], ids=["def", "async"])
+def test_short_chaos_run_loses_nothing_and_applies_nothing_twice(rabbit: Backend,
+                                                                 ports: tuple[str, str]) -> None:
+    failures = ChaosRun(rabbit, Plan.short(seed(), ports)).run()
     assert failures == []
 
 

@@ -120,6 +120,10 @@ async def perform_async(port: str, message: Message, ctx: MessageContext, sessio
         deadline = time.monotonic() + 60
         while not os.path.exists(go) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+    if action == "outage" and os.path.exists(body["flag"]):
+        create_engine("postgresql+psycopg://nobody@127.0.0.1:1/down").connect().close()
+    if message.redelivery_count < int(body.get("fail_first", 0)):
+        raise RuntimeError(f"message {body.get('n')} fails its first {body['fail_first']} deliveries")
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "fail":

@@ -93,10 +93,12 @@ class Plan:
     poison_share: float = 0.01
     flaky_share: float = 0.02  # good messages whose first two deliveries fail
     db_outage: float = 5.0
+    # The container-managed and the bean-managed port; ("AsyncWork", "AsyncBean"): async def handlers.
+    ports: tuple[str, str] = PORTS
 
     @classmethod
-    def short(cls, seed: int) -> Plan:
-        return cls(seed, 1000, 3, "close", rate=40.0)
+    def short(cls, seed: int, ports: tuple[str, str] = PORTS) -> Plan:
+        return cls(seed, 1000, 3, "close", rate=40.0, ports=ports)
 
     @classmethod
     def full(cls, seed: int) -> Plan:
@@ -114,6 +116,7 @@ class Workload:
     duplicated: list[str]
     order: list[str]
     flaky: set[str] = field(default_factory=set)
+    ports: tuple[str, str] = PORTS
 
     def body(self, message_id: str) -> dict[str, Any]:
         n = int(message_id[2:])
@@ -131,12 +134,12 @@ class Workload:
 
     @property
     def expected_rows(self) -> int:
-        return sum(len(self.good(p)) for p in PORTS) + len(self.downstream())
+        return sum(len(self.good(p)) for p in self.ports) + len(self.downstream())
 
 
 def make_workload(plan: Plan, rng: random.Random, queues: dict[str, str], down: str) -> Workload:
     ids = [f"c-{i:05d}" for i in range(plan.messages)]
-    port_of = {m: PORTS[i % 2] for i, m in enumerate(ids)}
+    port_of = {m: plan.ports[i % 2] for i, m in enumerate(ids)}
     poison = set(rng.sample(ids, round(plan.messages * plan.poison_share)))
     duplicated = rng.sample(ids, round(plan.messages * plan.duplicate_share))
     order = list(ids)
@@ -145,7 +148,7 @@ def make_workload(plan: Plan, rng: random.Random, queues: dict[str, str], down: 
     # Flaky ones are sent once: two copies would share (and double) their failures.
     others = sorted(set(ids) - poison - set(duplicated))
     flaky = set(rng.sample(others, round(plan.messages * plan.flaky_share)))
-    return Workload(queues, down, port_of, poison, duplicated, order, flaky)
+    return Workload(queues, down, port_of, poison, duplicated, order, flaky, plan.ports)
 
 
 @dataclass
@@ -169,7 +172,7 @@ class ChaosRun:
         self.tally = Tally()
         self.role = faults.DatabaseRole()
         self.started = time.monotonic()
-        queues = {p: backend.q(p.upper()) for p in PORTS}
+        queues = {p: backend.q(p.upper()) for p in plan.ports}
         self.workload = make_workload(plan, self.rng, queues, backend.q("DOWN"))
         self.tables = Tables.build(schema=backend.schema)
         self._produced = threading.Event()
@@ -219,8 +222,8 @@ class ChaosRun:
         w = self.workload
         ports: dict[str, Any] = {
             p: {"destination": w.queues[p], "concurrency": CONCURRENCY, "prefetch": PREFETCH,
-                "max_retries": MAX_RETRIES, "transaction": "container" if p == "Work" else "bean"}
-            for p in PORTS
+                "max_retries": MAX_RETRIES, "transaction": "container" if p == w.ports[0] else "bean"}
+            for p in w.ports
         }
         ports["Downstream"] = {"destination": w.down, "concurrency": CONCURRENCY,
                                "prefetch": PREFETCH, "max_retries": MAX_RETRIES}
@@ -410,7 +413,7 @@ class ChaosRun:
         failures = [*self._producer_error, *self.findings, *self._verify_outage_lines()]
         failures += [f"{e} (a container must keep running through faults)"
                      for e in self.tally.unexpected_exits]
-        for port in PORTS:
+        for port in self.workload.ports:
             failures += exactly_once(port, self.backend.effects(port), self.workload.good(port))
         failures += exactly_once("Downstream", self.backend.effects("Downstream"), self.workload.downstream())
         failures += self._verify_backout()
@@ -451,7 +454,7 @@ class ChaosRun:
         mine = [r for r in json.loads(done.stdout) if f":{self.container.pid}:" in r["container"]]
         states = {r["port"]: (r["state"], r["reason"]) for r in mine}
         return [f"port {p} is {states.get(p, ('missing', ''))[0]} at the end: {states.get(p, ('', ''))[1]}"
-                for p in (*PORTS, "Downstream") if states.get(p, ("missing",))[0] != "started"]
+                for p in (*self.workload.ports, "Downstream") if states.get(p, ("missing",))[0] != "started"]
 
     def _verify_tables(self) -> list[str]:
         t = self.tables
@@ -463,7 +466,7 @@ class ChaosRun:
                                    .where(t.port.c.state == "stopped")).all()
         if outbox:
             out.append(f"{outbox} outbox row(s) left")
-        for port in (*PORTS, "Downstream"):
+        for port in (*self.workload.ports, "Downstream"):
             marked = {m for p, m in dedup if p == port}
             handled = set(self.backend.effects(port))
             if marked != handled:
@@ -491,7 +494,7 @@ class ChaosRun:
                  f"log {self.container.log_path}")
         for failure in failures:
             self.say(f"FAILED: {failure}")
-        handled = sum(len(set(self.backend.effects(p)) & w.good(p)) for p in PORTS)
+        handled = sum(len(set(self.backend.effects(p)) & w.good(p)) for p in w.ports)
         self.say(
             f"chaos seed={self.plan.seed} messages={self.plan.messages} duplicates={len(w.duplicated)} "
             f"poison={len(w.poison)} flaky={len(w.flaky)} kills={t.kills} broker_restarts={t.broker_restarts} "
