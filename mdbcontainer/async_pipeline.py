@@ -23,7 +23,7 @@ from typing import Any
 
 import tenacity
 
-from .async_units import AsyncResources, async_unit_class
+from .async_units import AsyncResources, AsyncUnitOfWork, async_resources, async_unit_class, dispose
 from .broker import Subscription, connection_errors
 from .context import MessageContext
 from .crash import crash_point
@@ -61,7 +61,7 @@ class AsyncPipeline(Pipeline):
         self._lost = False  # the channel is gone: a cancelled task records its hand-back only
         self.watchdog = Watchdog(port.name, port.spec)
         store = self.resources.units.store
-        transactional = self.async_unit.__name__ != "AsyncUnitOfWork"
+        transactional = self.async_unit is not AsyncUnitOfWork
         self.gate = WriteGate(store is not None and store.dialect == "sqlite" and transactional)
 
     # -- the channel's callback --------------------------------------------
@@ -164,14 +164,8 @@ class AsyncPipeline(Pipeline):
     def _resources(self) -> AsyncResources:
         """The async engine of this loop, made on first use (its connections belong to the loop)."""
         if self._units is None:
-            from sqlalchemy.ext.asyncio import async_sessionmaker
-
-            units = self.resources.units
-            sessions = None
-            if units.store is not None and self.unit_class.__name__ != "UnitOfWork":
-                engine = units.store.async_engine(self.limit)
-                sessions = async_sessionmaker(engine, expire_on_commit=False)
-            self._units = AsyncResources(units.store, units.dedup, units.outbox, sessions)
+            transactional = self.async_unit is not AsyncUnitOfWork
+            self._units = async_resources(self.resources.units, self.limit, transactional)
         return self._units
 
     def _invoker(self) -> Invoker:
@@ -266,11 +260,8 @@ class AsyncPipeline(Pipeline):
         """The consumer ends: tear the beans down, dispose of the async engine, close the loop."""
         for invoker in self._invokers:
             self.loop.run_until_complete(invoker.adiscard())
-        sessions = self._units.sessions if self._units is not None else None
-        if sessions is not None:
-            engine = sessions.kw["bind"]
-            with suppress(Exception):
-                self.loop.run_until_complete(engine.dispose())
+        with suppress(Exception):
+            self.loop.run_until_complete(dispose(self._units))
         self.loop.close()
 
 

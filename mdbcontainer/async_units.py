@@ -180,6 +180,24 @@ class AsyncBeanManaged(AsyncUnitOfWork):
         return Outcome("handled", pending=self._pending, direct=self._after_tx)
 
 
+def async_resources(units: TransactionResources, tasks: int, transactional: bool) -> AsyncResources:
+    """The synchronous resources with an ``AsyncSession`` factory for one event loop of ``tasks``
+    tasks (none without a transaction: no engine is made)."""
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+
+    sessions = None
+    if transactional and units.store is not None:
+        sessions = async_sessionmaker(units.store.async_engine(tasks), expire_on_commit=False)
+    return AsyncResources(units.store, units.dedup, units.outbox, sessions)
+
+
+async def dispose(resources: AsyncResources | None) -> None:
+    """Close the async engine's connections (on the loop that opened them)."""
+    sessions = resources.sessions if resources is not None else None
+    if sessions is not None:
+        await sessions.kw["bind"].dispose()
+
+
 def async_unit_class(transaction: str, attribute: str) -> type[AsyncUnitOfWork]:
     """The async unit of work for a port's ``transaction`` and ``transaction_attribute``."""
     if transaction == "bean":

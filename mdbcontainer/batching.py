@@ -20,15 +20,20 @@ alone counts a failed delivery. A batch of one is that path already.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .async_batches import AsyncBatchRunner
 from .async_pipeline import AsyncPipeline
+from .async_units import AsyncUnitOfWork, async_resources, async_unit_class, dispose
 from .batches import BatchItem, BatchOutcome, BatchRunner
 from .broker import Publish, connection_errors, describe
+from .context import MessageContext
 from .crash import crash_point
 from .delivery import Delivery
 from .errors import PublishError
@@ -262,8 +267,43 @@ class BatchPipeline(Pipeline):
         return failures
 
 
+class AsyncBatchPipeline(BatchPipeline):
+    """A batched port with an async handler: the batch path as it is, its units of work awaited
+    on the consumer's own event loop (one batch at a time; see docs/architecture.md)."""
+
+    def __init__(self, port: BatchPortView, consumer: ConsumerView) -> None:
+        super().__init__(port, consumer)
+        self.loop = asyncio.new_event_loop()
+        self.async_unit = async_unit_class(self.settings.transaction, self.settings.transaction_attribute)
+        self.units = async_resources(self.resources.units, 1, self.async_unit is not AsyncUnitOfWork)
+        self.runner = AsyncBatchRunner(port.name, self.resources.units, self.invoker,
+                                       transaction=self.settings.transaction,
+                                       attribute=self.settings.transaction_attribute,
+                                       once_only=self.once_only, loop=self.loop, units=self.units)
+
+    def _run(self, delivery: Delivery, message: Message) -> Outcome:
+        if self.invoker.spec.batch:  # a list of one, through the runner
+            return super()._run(delivery, message)
+        unit = self.async_unit(self.port.name, message.id, self.units, once_only=self.once_only,
+                               move_copy=self._mover(delivery))
+        return self.async_runner.one(unit, self._argument, MessageContext(message, self.port.name, unit))
+
+    @property
+    def async_runner(self) -> AsyncBatchRunner:
+        assert isinstance(self.runner, AsyncBatchRunner)
+        return self.runner
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.invoker.adiscard())
+        with suppress(Exception):
+            self.loop.run_until_complete(dispose(self.units))
+        self.loop.close()
+
+
 def pipeline_for(port: BatchPortView, consumer: ConsumerView) -> Pipeline:
     """The per-message pipeline, or the batch pipeline of a batched port."""
+    if (port.settings.batch_size > 1 or port.spec.batch) and port.spec.is_async:
+        return AsyncBatchPipeline(port, consumer)
     if port.settings.batch_size > 1 or port.spec.batch:
         return BatchPipeline(port, consumer)
     if port.spec.is_async:

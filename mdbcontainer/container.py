@@ -116,11 +116,8 @@ def _async_port(settings: Settings, name: str, spec: HandlerSpec, port: PortSett
             f"{settings.source}: ports.{name}.acknowledge: {spec.name} is async def, whose "
             f"deliveries end in any order: it needs acknowledge = 'auto', not {port.acknowledge!r}"
         )
-    if port.batch_size > 1 or spec.batch:  # the batch pipeline would never await it: refused
-        raise ListenerError(
-            f"{spec.name}: an async def handler on a batched port (batch=True or batch_size > 1) "
-            "is not supported yet: define it with def, or set batch_size = 1"
-        )
+    if port.batch_size > 1 or spec.batch:  # a batch at a time per consumer, as for def handlers
+        return port
     if "prefetch" not in merged:
         return port.model_copy(update={"prefetch": max(port.prefetch, port.concurrency)})
     if port.prefetch < port.concurrency:

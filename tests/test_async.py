@@ -186,3 +186,26 @@ def test_a_unit_the_database_ended_is_a_failed_delivery_never_acknowledged(rabbi
     assert [a[3] for a in backend.attempts(port) if a[1] == "m-0000"] == [0, 1]
     (moved,) = backend.probe(path).take_all(backend.q("DLQ"))
     assert "TransactionAborted" in headers_of(moved)["x-mdb-exception"]
+
+
+@pytest.mark.parametrize("port", ["AsyncBatch", "AsyncWork"])
+def test_an_async_handler_on_a_batched_port_commits_once_and_a_bad_message_fails_alone(
+        backend: Backend, port: str) -> None:
+    """A batch handler (AsyncBatch) or a per-message one (AsyncWork) with batch_size 10: the
+    batch's rows and dedup rows commit together; a failure rolls the batch back, each message
+    runs again alone, and only the bad one counts and is backed out."""
+    work = backend.q("ABATCH")
+    path = backend.write(ports={port: {"destination": work, "transaction": "container",
+                                       "batch_size": 10, "batch_linger": "300ms", "max_retries": 5}},
+                         queues={work: {"backout_threshold": 2}})
+    bodies = [{"n": i, "action": "fail" if i == 14 else "ok"} for i in range(30)]
+    ids = send(backend, path, work, bodies)
+    with backend.container(path) as container:
+        wait_for(lambda: backend.probe(path).count(backend.q("DLQ")) == 1, timeout=60, what="the backout")
+        wait_for(lambda: len(backend.effects(port)) == 29, timeout=60, what="the good messages")
+        wait_for(lambda: {k: (container.port_state(port) or {}).get(k) for k in ("handled", "failed")}
+                 == {"handled": 29, "failed": 2}, timeout=30, what="29 handled, 2 failed")
+        row = container.port_state(port) or {}
+        assert container.terminate() == 0
+    assert backend.effects(port) == Counter({i: 1 for i in ids if i != "m-0014"})
+    assert row["fallbacks"] >= 1 and row["batches"] < 29

@@ -58,8 +58,6 @@ ASYNC_REFUSED = {
     "async_setup_of_a_def_bean": ("class handler:\n    async def setup(self) -> None: ...\n"
                                   "    def on_message(self, message: Message) -> None: ...", False,
                                   "async def setup needs an async def on_message"),
-    "async_batch": ("async def handler(orders: list[Order], ctx: MessageContext) -> None: ...", True,
-                    "async def handler on a batched port"),
 }
 
 

@@ -96,7 +96,7 @@ def setup_case(backend: Backend, port: str, batch_size: int = 1) -> Run:
     consumers: dict[str, Any] = {"concurrency": 4, "prefetch": 10}
     if batch_size > 1:  # two consumers, each prefetching two batches
         consumers = {"concurrency": 2, "batch_size": batch_size, "batch_linger": "50ms"}
-    if port in ("Work", "BatchWork", "AsyncWork"):
+    if port in ("Work", "BatchWork", "AsyncWork", "AsyncBatch"):
         consumers["transaction"] = "container"
     settings = backend.write(
         ports={
@@ -216,7 +216,7 @@ BATCH_HITS = {"before-commit": (3, 2), "after-commit": (12, 4), "mid-acks": (1,)
               "outbox-dispatch": (3, 2)}
 
 
-@pytest.mark.parametrize("port", ["Work", "BatchWork"])
+@pytest.mark.parametrize("port", ["Work", "BatchWork", "AsyncBatch"])
 @pytest.mark.parametrize("point", BATCH_POINTS)
 def test_crash_in_a_batch_commits_each_message_once(backend: Backend, point: str, port: str) -> None:
     """Batches of 10 with a per-message handler (Work) and a batch handler (BatchWork)."""
