@@ -152,7 +152,10 @@ class AsyncPipeline(Pipeline):
             self.port.stop_event, before_sleep=away, give_up=lambda _state: _GAVE_UP,
             retry=tenacity.retry_if_exception(is_infrastructure)
             | tenacity.retry_if_result(lambda o: o.kind == "infrastructure"))
-        result: Any = await retrying(call)
+        async def attempt() -> Any:  # a coroutine function: tenacity awaits only those
+            return await call()
+
+        result: Any = await retrying(attempt)
         if result is not _GAVE_UP:
             self.resources.recovered("database")
         return result

@@ -209,3 +209,21 @@ def test_an_async_handler_on_a_batched_port_commits_once_and_a_bad_message_fails
         assert container.terminate() == 0
     assert backend.effects(port) == Counter({i: 1 for i in ids if i != "m-0014"})
     assert row["fallbacks"] >= 1 and row["batches"] < 29
+
+
+def test_a_database_outage_in_an_async_handler_is_waited_out_uncounted(backend: Backend) -> None:
+    """The handler's database refuses it (a real OperationalError) while a flag file exists: the
+    delivery is held and retried with backoff, counted as no failure, then handled once."""
+    flag = backend.tmp / "down"
+    flag.touch()
+    path, work = async_settings(backend, transaction="container", concurrency=5)
+    send(backend, path, work, [{"n": 1, "action": "outage", "flag": str(flag)}, {"n": 2}])
+    with backend.container(path) as container:
+        wait_for(lambda: len([a for a in backend.attempts("AsyncWork") if a[1] == "m-0000"]) >= 3,
+                 timeout=30, what="the held delivery to be retried")
+        flag.unlink()
+        wait_for(lambda: len(backend.effects("AsyncWork")) == 2, timeout=30, what="both handled")
+        assert container.terminate() == 0
+    assert backend.effects("AsyncWork") == Counter({"m-0000": 1, "m-0001": 1})
+    assert {a[3] for a in backend.attempts("AsyncWork")} == {0}, "the outage counted nothing"
+    assert "database unavailable" in container.output()
