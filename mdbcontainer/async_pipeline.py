@@ -59,6 +59,7 @@ class AsyncPipeline(Pipeline):
         self._units: AsyncResources | None = None
         self._broken: BaseException | None = None
         self._lost = False  # the channel is gone: a cancelled task records its hand-back only
+        self._waiter: asyncio.Future[None] | None = None  # the drainer waiting for the socket
         self.watchdog = Watchdog(port.name, port.spec)
         store = self.resources.units.store
         transactional = self.async_unit is not AsyncUnitOfWork
@@ -188,10 +189,9 @@ class AsyncPipeline(Pipeline):
         self._broken = None
         ticker = self.loop.create_task(self.watchdog.ticking())
         self.watchdog.start(threading.get_ident())
-        readable = asyncio.Event()
         fd = sub.fileno()
         if fd is not None:
-            self.loop.add_reader(fd, readable.set)
+            self.loop.add_reader(fd, self._wake)
         try:
             while should_run():
                 if self._broken is not None:
@@ -203,9 +203,7 @@ class AsyncPipeline(Pipeline):
                 if read:
                     await asyncio.sleep(0)  # the tasks just started take their first step
                 elif fd is not None:
-                    readable.clear()
-                    with suppress(TimeoutError):
-                        await asyncio.wait_for(readable.wait(), _IDLE)
+                    await self._readable()
                 elif self.tasks:
                     await asyncio.sleep(_POLL)
                 else:
@@ -216,6 +214,21 @@ class AsyncPipeline(Pipeline):
                 self.loop.remove_reader(fd)
             ticker.cancel()
             self.watchdog.stop()
+
+    async def _readable(self) -> None:
+        """Until the socket has something to read, or ``_IDLE`` seconds (cheaper than wait_for)."""
+        waiter = self._waiter = self.loop.create_future()
+        timer = self.loop.call_later(_IDLE, self._wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _finish(self, sub: Subscription) -> None:
         """Graceful stop: let running tasks end within shutdown_timeout, then cancel the rest
