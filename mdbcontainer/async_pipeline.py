@@ -53,7 +53,7 @@ class AsyncPipeline(Pipeline):
         self.loop = asyncio.new_event_loop()
         self.tasks: dict[asyncio.Task[None], Delivery] = {}
         self.waiting: deque[Delivery] = deque()
-        self._in_unit: set[asyncio.Task[Any] | None] = set()  # tasks before their commit
+        self._in_unit: set[Delivery] = set()  # deliveries whose unit of work has not ended
         self._free = [self.invoker]  # bean instances not in use: one task at a time each
         self._invokers = [self.invoker]
         self._units: AsyncResources | None = None
@@ -98,14 +98,16 @@ class AsyncPipeline(Pipeline):
     # -- one delivery --------------------------------------------------------
 
     async def _handle(self, delivery: Delivery) -> None:
+        begun = time.monotonic()  # this delivery's: the log lines of the shared steps read _started
         try:
             async with self.gate.writing(delivery.redelivered or self.port.stopping):
+                self._started = begun
                 message = self._through_outages(lambda: self._prepare(delivery))  # steps 1-6
             if message is _GAVE_UP:
                 async with self.gate.writing():
                     self.acks.hand_back(delivery, delivery.message_id)
             elif message is not None:
-                await self._deliver_async(delivery, message, self._argument)
+                await self._deliver_async(delivery, message, self._argument, begun)
         except asyncio.CancelledError:  # a stop that could not wait longer: back, uncounted
             async with self.gate.writing():
                 self._cancelled(delivery)
@@ -114,12 +116,14 @@ class AsyncPipeline(Pipeline):
         except Exception as exc:
             self._internal_error(delivery, exc)
 
-    async def _deliver_async(self, delivery: Delivery, message: Message, argument: Any) -> None:
+    async def _deliver_async(self, delivery: Delivery, message: Message, argument: Any,
+                             begun: float) -> None:
         started = time.perf_counter()
         crash_point("before-handler")
         outcome = await self._through_outages_async(lambda: self._run_async(delivery, message, argument))
         writes = outcome is _GAVE_UP or outcome.kind != "handled" or bool(outcome.pending)
         async with self.gate.writing(writes):
+            self._started = begun
             self._conclude(delivery, message, outcome, started)  # step 8, as the synchronous pipeline's
 
     async def _run_async(self, delivery: Delivery, message: Message, argument: Any) -> Outcome:
@@ -129,13 +133,12 @@ class AsyncPipeline(Pipeline):
         )
         ctx = MessageContext(message, self.port.name, unit)
         invoker = self._invoker()
-        task = asyncio.current_task()
-        self._in_unit.add(task)
+        self._in_unit.add(delivery)
         try:
             async with self.gate.transaction():
                 return await unit.arun(lambda: invoker.acall(argument, ctx))
         finally:
-            self._in_unit.discard(task)
+            self._in_unit.discard(delivery)
             self._free.append(invoker)
 
     async def _through_outages_async(self, call: Callable[[], Any]) -> Any:
@@ -251,7 +254,7 @@ class AsyncPipeline(Pipeline):
         one that committed is settled, which takes no longer than a publish)."""
         tasks = list(self.tasks)
         for task in tasks:
-            if not only_uncommitted or task in self._in_unit:
+            if not only_uncommitted or self.tasks.get(task) in self._in_unit:
                 task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
