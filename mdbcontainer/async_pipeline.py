@@ -28,7 +28,7 @@ from .broker import Subscription, connection_errors
 from .context import MessageContext
 from .crash import crash_point
 from .delivery import Delivery
-from .handlers import HandlerSpec, Invoker
+from .handlers import HandlerSpec, Invoker, Running
 from .logs import fields
 from .message import Message
 from .pipeline import _GAVE_UP, ConsumerView, Pipeline, PortView
@@ -60,6 +60,7 @@ class AsyncPipeline(Pipeline):
         self._broken: BaseException | None = None
         self._lost = False  # the channel is gone: a cancelled task records its hand-back only
         self._waiter: asyncio.Future[None] | None = None  # the drainer waiting for the socket
+        self._shown: Running | None = None  # the call the consumer's ``running`` shows
         self.watchdog = Watchdog(port.name, port.spec)
         store = self.resources.units.store
         transactional = self.async_unit is not AsyncUnitOfWork
@@ -186,7 +187,20 @@ class AsyncPipeline(Pipeline):
 
     def drive(self, sub: Subscription, should_run: Callable[[], bool]) -> None:
         """Consume on ``sub`` until ``should_run()`` turns false; then finish, or hand back."""
+        if self.invoker.running is self.consumer.running:  # each task's call has its own
+            self.invoker.running = Running()
         self.loop.run_until_complete(self._drive(sub, should_run))
+
+    def _show_oldest(self) -> None:
+        """The consumer's ``running`` (handler_timeout, /healthz) shows the oldest call in flight."""
+        calls = [i.running for i in self._invokers if i.running.since is not None]
+        oldest = min(calls, key=lambda r: r.since or 0.0) if calls else None
+        shown = self.consumer.running
+        if oldest is None:
+            shown.since, self._shown = None, None
+        elif oldest is not self._shown or shown.since != oldest.since:
+            shown.since, shown.message_ids, shown.warned = oldest.since, oldest.message_ids, False
+            self._shown = oldest
 
     async def _drive(self, sub: Subscription, should_run: Callable[[], bool]) -> None:
         self._broken = None
@@ -200,6 +214,7 @@ class AsyncPipeline(Pipeline):
                 if self._broken is not None:
                     raise self._broken
                 self.consumer.alive_at = time.monotonic()
+                self._show_oldest()
                 read = sub.drain_ready()
                 self.tick()
                 self.acks.tick()

@@ -249,6 +249,13 @@ class Invoker:
 
     async def acall(self, argument: Any, ctx: Any) -> None:
         """Await an async handler (a task on its port's event loop; see docs/architecture.md)."""
+        self.running.enter(ctx)
+        try:
+            await self._acall(argument, ctx)
+        finally:
+            self.running.leave()
+
+    async def _acall(self, argument: Any, ctx: Any) -> None:
         args = (argument, ctx) if self.takes_context else (argument,)
         if not self.spec.is_bean:
             await self.spec.target(*args)

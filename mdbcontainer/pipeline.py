@@ -37,7 +37,7 @@ from .crash import crash_point
 from .delays import Delays, came_back, carried_failure, left_after
 from .delivery import Delivery, envelope
 from .errors import PublishError
-from .handlers import HandlerSpec, Invoker
+from .handlers import HandlerSpec, Invoker, Running
 from .logs import fields
 from .message import InvalidBody, Message, accepted, body_hash_id
 from .outgoing import Outgoing
@@ -88,6 +88,7 @@ class ConsumerView(Protocol):
     """What the pipeline needs of the consumer it runs in (met by ``port.PortConsumer``)."""
 
     acks: Acknowledger
+    running: Running  # the handler call in progress (an async port shows its oldest)
     handing_back: bool
     delivering_since: float | None
     alive_at: float

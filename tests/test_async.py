@@ -227,3 +227,15 @@ def test_a_database_outage_in_an_async_handler_is_waited_out_uncounted(backend: 
     assert backend.effects("AsyncWork") == Counter({"m-0000": 1, "m-0001": 1})
     assert {a[3] for a in backend.attempts("AsyncWork")} == {0}, "the outage counted nothing"
     assert "database unavailable" in container.output()
+
+
+def test_handler_timeout_names_the_oldest_async_call_past_it(backend: Backend) -> None:
+    """handler_timeout watches the tasks of an async port: the call still awaiting is named."""
+    path, work = async_settings(backend, transaction="none", concurrency=5, handler_timeout="1s")
+    send(backend, path, work, [{"n": 1, "action": "sleep", "seconds": 4}, {"n": 2}])
+    with backend.container(path) as container:
+        wait_for(lambda: "handler stuck" in container.output(), timeout=30, what="the stuck warning")
+        wait_for(lambda: backend.probe(path).count(work) == 0, timeout=30, what="both handled")
+        assert container.terminate() == 0
+    line = next(ln for ln in container.output().splitlines() if "handler stuck" in ln)
+    assert "port AsyncWork consumer 0" in line and "message m-0000" in line, line
