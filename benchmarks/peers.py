@@ -41,6 +41,8 @@ RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"  # kombu's spelling of the 
 PIKA_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"  # pika's and aio-pika's
 PREFETCH = 100
 PEERS = ("celery", "dramatiq", "faststream")
+# --async: FastStream and mdb run on the same I/O-bound handler (await asyncio.sleep(0.02)).
+IO_WAIT = 0.02
 
 
 # -- the peer side (runs in .peers-venv; imports no mdbcontainer) ---------------------------
@@ -111,7 +113,7 @@ async def faststream_load(queue: str, n: int) -> None:
     await broker.stop()
 
 
-async def faststream_work(queue: str, stamp: Stamp) -> None:
+async def faststream_work(queue: str, stamp: Stamp, wait: float = 0.0) -> None:
     from faststream import AckPolicy
     from faststream.rabbit import Channel, RabbitBroker, RabbitQueue
 
@@ -120,6 +122,8 @@ async def faststream_work(queue: str, stamp: Stamp) -> None:
     @broker.subscriber(RabbitQueue(queue, durable=True), channel=Channel(prefetch_count=PREFETCH),
                        ack_policy=AckPolicy.NACK_ON_ERROR)  # type: ignore[misc]
     async def touch(body: dict[str, Any]) -> None:
+        if wait:  # faststream-io: the I/O-bound handler of async_handlers.py
+            await asyncio.sleep(wait)
         work(body["n"])
         stamp.tick()
 
@@ -157,6 +161,8 @@ def peer_work(peer: str, queue: str, n: int, path: str) -> None:
         worker.start()
         while True:
             time.sleep(3600)
+    elif peer == "faststream-io":
+        asyncio.run(faststream_work(queue, stamp, IO_WAIT))
     else:
         asyncio.run(faststream_work(queue, stamp))
 
@@ -224,13 +230,20 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds (the median counts)")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--no-mdb", action="store_true", help="leave out mdb run's batch port")
+    parser.add_argument("--async", dest="io", action="store_true",
+                        help="instead: the I/O-bound async handler (20 ms await), FastStream (prefetch "
+                             "100) against mdb run's BenchAsyncSleep (concurrency 100)")
     args = parser.parse_args()
     ensure_venv()
     sys.path.insert(0, str(HERE))
+    import async_handlers  # noqa: F401  (adds the async ports to throughput.PORTS)
     import throughput as tp
 
     peers = [p for p in args.peers.split(",") if p]
     names = ["kombu plain", *peers, *([] if args.no_mdb else ["mdb BenchBatch (exactly-once)"])]
+    if args.io:
+        peers = ["faststream-io"]
+        names = ["kombu plain", "faststream-io", "mdb BenchAsyncSleep (async, c=100)"]
     timings: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     print(f"N={args.n}, prefetch {PREFETCH}, one consumer, {args.repeat} interleaved round(s); "
           f"load averages before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
@@ -243,6 +256,8 @@ def main() -> int:
                         timing = tp.hand_written(bench, "plain", args.n)
                     elif name in peers:
                         timing = run_peer(name, args.n, bench.tmp)
+                    elif args.io:
+                        timing = tp.container(bench, "BenchAsyncSleep", args.n)
                     else:
                         timing = tp.container(bench, "BenchBatch", args.n)
                     timings[name].append(timing)
