@@ -12,7 +12,7 @@ the rounds interleave them):
 | --- | --- | --- | --- |
 | `io` | min(the hand-written kombu consumer's rate, 100 / 0.02 s) | `BenchAsyncSleep`: `await asyncio.sleep(0.02)`, transaction none, concurrency 100 | >= 0.6 |
 | `once` | `BenchSyncSleepOnce`: the same handler written with `def` and `time.sleep(0.02)`, once-only CMT, concurrency 1 (`--n-sync` messages) | `BenchAsyncOnce`: once-only CMT on PostgreSQL, concurrency 50 | >= 10 |
-| `none` | the hand-written kombu consumer (ack per message) | `BenchAsyncNone`: a trivial `async def`, transaction none | >= 0.85 |
+| `none` | the hand-written kombu consumer (ack per message) | `BenchAsyncNone`: a trivial `async def`, transaction none (the same handler with `def`, `BenchNone`, is printed beside it) | >= 0.85 |
 | `rss` | - | `BenchAsyncSleep` at concurrency 100: RSS after `--n` messages and after `--rss-total` | within 10% |
 
 It reuses ``throughput.py``'s harness: the container starts with its port
@@ -61,6 +61,9 @@ def scenario(bench: tp.Bench, name: str, args: argparse.Namespace) -> tuple[str,
         return ("once: CMT once-only PG, async c=50 vs def c=1 (same 20ms wait)", sync, ours, ">= 10")
     plain = rate(bench, "plain", n)
     ours = rate(bench, "BenchAsyncNone", n)
+    sync = rate(bench, "BenchNone", n)
+    print(f"  none: the same handler written with def (BenchNone): {sync:,.0f} msg/s; "
+          f"async / def {ours / sync:.2f}", flush=True)
     return ("none: trivial async def vs kombu", plain, ours, ">= 0.85")
 
 
