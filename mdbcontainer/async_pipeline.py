@@ -61,6 +61,7 @@ class AsyncPipeline(Pipeline):
         self._lost = False  # the channel is gone: a cancelled task records its hand-back only
         self._waiter: asyncio.Future[None] | None = None  # the drainer waiting for the socket
         self._shown: Running | None = None  # the call the consumer's ``running`` shows
+        self._watched = self.settings.handler_timeout.total_seconds() > 0
         self.watchdog = Watchdog(port.name, port.spec)
         store = self.resources.units.store
         transactional = self.async_unit is not AsyncUnitOfWork
@@ -214,7 +215,8 @@ class AsyncPipeline(Pipeline):
                 if self._broken is not None:
                     raise self._broken
                 self.consumer.alive_at = time.monotonic()
-                self._show_oldest()
+                if self._watched:
+                    self._show_oldest()
                 read = sub.drain_ready()
                 self.tick()
                 self.acks.tick()
