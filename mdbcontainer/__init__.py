@@ -7,7 +7,6 @@ backout queue, stops a port after its maximum retries, and keeps a dedup
 table so each message's database work commits once.
 """
 
-from .context import BatchContext, MessageContext
 from .errors import (
     BrokerError,
     BrokerUnavailable,
@@ -23,10 +22,11 @@ from .errors import (
     TransactionError,
     Unroutable,
 )
-from .handlers import message_driven
+from .handlers.registry import message_driven
 from .message import Message
-from .producer import Producer
+from .sending.producer import Producer
 from .settings import Settings, load_settings
+from .units.context import BatchContext, MessageContext
 
 __all__ = [
     "BatchContext",

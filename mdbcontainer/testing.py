@@ -22,10 +22,10 @@ import kombu
 from amqp.exceptions import NotFound
 from sqlalchemy import inspect
 
-from .broker import Broker
-from .control import Control
 from .settings import Settings, load_settings
-from .store import Store, make_engine
+from .state.control import Control
+from .state.store import Store, make_engine
+from .wire.broker import Broker
 
 
 def dump_toml(data: dict[str, Any]) -> str:

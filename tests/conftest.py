@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, create_engine, text
 
-from mdbcontainer.producer import Producer
+from mdbcontainer.sending.producer import Producer
 from mdbcontainer.settings import Settings, load_settings
 from mdbcontainer.testing import ContainerProcess, QueueProbe, write_settings
 

@@ -242,7 +242,7 @@ def _metrics(backend: Backend, settings: Path) -> str:
 def test_publish_many_confirms_together_and_names_the_one_message_not_routed(
     backend: Backend,
 ) -> None:
-    from mdbcontainer.broker import Broker, Publish, Publisher
+    from mdbcontainer.wire.broker import Broker, Publish, Publisher
 
     queue = backend.q("MANY")
     settings = backend.write(ports={"Work": {"destination": queue}})

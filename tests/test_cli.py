@@ -118,7 +118,7 @@ def commands() -> list[tuple[list[str], Any]]:
     """Every command of ``mdb`` (``dlq replay`` is ``["dlq", "replay"]``) with its click command."""
     import typer.main
 
-    from mdbcontainer.cli import app
+    from mdbcontainer.cli.main import app
 
     found, groups = [], [([], typer.main.get_command(app))]
     while groups:
@@ -139,7 +139,7 @@ def test_help_explains_each_option() -> None:
     """
     from typer.testing import CliRunner
 
-    from mdbcontainer.cli import app
+    from mdbcontainer.cli.main import app
 
     found = commands()
     assert {" ".join(path) for path, _ in found} >= {"run", "check", "send", "ports", "request",
@@ -164,7 +164,7 @@ def test_help_explains_every_option_in_one_style() -> None:
     import typer.main
     from typer.testing import CliRunner
 
-    from mdbcontainer.cli import app
+    from mdbcontainer.cli.main import app
 
     root = typer.main.get_command(app)
     runner = CliRunner()
@@ -291,7 +291,7 @@ def every_command_path() -> list[list[str]]:
     """``[]``, ``["run"]``, ``["dlq"]``, ``["dlq", "list"]``...: every command and group of ``mdb``."""
     import typer.main
 
-    from mdbcontainer.cli import app
+    from mdbcontainer.cli.main import app
 
     def walk(command: object, path: list[str]) -> list[list[str]]:
         found = [path]
@@ -313,7 +313,7 @@ def test_version_prints_the_installed_version() -> None:
 def test_dash_h_is_help_on_every_command() -> None:
     from typer.testing import CliRunner
 
-    from mdbcontainer.cli import app
+    from mdbcontainer.cli.main import app
 
     runner = CliRunner()
     paths = every_command_path()
@@ -424,7 +424,7 @@ def test_every_bad_input_is_one_line_without_traceback(
     args: list[str], env: dict[str, str], code: int, culprit: str,
 ) -> None:
     """In-process through the console entry point: fast, and any exception escaping fails here."""
-    from mdbcontainer.cli import main
+    from mdbcontainer.cli.main import main
 
     def fill(text: str) -> str:
         return text.replace("{good}", str(good)).replace("{tmp}", str(bad_files))
@@ -459,7 +459,8 @@ def test_a_body_file_that_is_not_utf8_is_one_line(good: Path, tmp_path: Path) ->
 def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], good: Path,
 ) -> None:
-    from mdbcontainer import cli, operate
+    from mdbcontainer.cli import main as cli
+    from mdbcontainer.operations import ports as operate
 
     def broken(*args: object) -> None:
         raise RuntimeError("amqp://guest:secret@host went odd")
@@ -479,7 +480,7 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(
 
 
 def test_tables_fit_the_width_without_wrapping_a_row() -> None:
-    from mdbcontainer.tables import Column, fit
+    from mdbcontainer.support.terminal import Column, fit
 
     columns = [Column("id", keep=True), Column("note", 6), Column("zeros", right=True, drop=1),
                Column("when", 8, drop=2)]
@@ -558,7 +559,7 @@ def test_a_reply_to_a_message_without_reply_to_is_no_reply_to() -> None:
 
 def test_a_missing_backout_message_is_the_exported_dlq_error(good: Path) -> None:
     from mdbcontainer import DlqError, load_settings
-    from mdbcontainer.dlq import find
+    from mdbcontainer.operations.dlq import find
 
     with pytest.raises(DlqError, match="message 'nope' not found"):
         find(load_settings(good, environ={}), "nope")

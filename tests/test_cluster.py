@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import kombu
 import pytest
 
-from mdbcontainer.producer import Producer
+from mdbcontainer.sending.producer import Producer
 from mdbcontainer.testing import headers_of, wait_for
 from tests.chaos.cluster import Cluster, available
 from tests.conftest import Backend

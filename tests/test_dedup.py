@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, insert, select
 
-from mdbcontainer.dedup import Dedup
 from mdbcontainer.settings import load_settings
-from mdbcontainer.store import Store, utcnow
+from mdbcontainer.state.dedup import Dedup
+from mdbcontainer.state.store import Store, utcnow
 from mdbcontainer.testing import mdb
 from tests.conftest import Backend
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from sqlalchemy import delete
 
-from mdbcontainer.broker import Broker, Publisher
 from mdbcontainer.testing import mdb, wait_for, write_settings
+from mdbcontainer.wire.broker import Broker, Publisher
 from tests.conftest import Backend, one_line_error
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,10 @@ from datetime import timedelta
 
 import pytest
 
-from mdbcontainer.broker import Broker, Publisher
-from mdbcontainer.outbox import RELAY_LOCK, Outbox
-from mdbcontainer.outgoing import Outgoing
-from mdbcontainer.store import Store
+from mdbcontainer.state.outbox import RELAY_LOCK, Outbox
+from mdbcontainer.state.store import Store
+from mdbcontainer.support.outgoing import Outgoing
+from mdbcontainer.wire.broker import Broker, Publisher
 from tests.conftest import Backend
 
 

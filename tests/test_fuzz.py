@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mdbcontainer.delivery import Delivery, envelope
-from mdbcontainer.handlers import Invoker, import_listeners
+from mdbcontainer.handlers.registry import Invoker, import_listeners
 from mdbcontainer.message import MAX_JSON_DEPTH, InvalidBody
 from mdbcontainer.testing import wait_for
+from mdbcontainer.wire.delivery import Delivery, envelope
 from tests.conftest import Backend
 
 ACCEPT = ["application/json", "text/plain"]

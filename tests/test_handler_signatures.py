@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mdbcontainer.producer import Producer
+from mdbcontainer.sending.producer import Producer
 from mdbcontainer.settings import load_settings
 from mdbcontainer.testing import ContainerProcess, QueueProbe, mdb, wait_for, write_settings
 from tests.conftest import one_line_error

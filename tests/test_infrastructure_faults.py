@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from mdbcontainer.control import Control
-from mdbcontainer.store import Store
+from mdbcontainer.state.control import Control
+from mdbcontainer.state.store import Store
 from mdbcontainer.testing import ContainerProcess, wait_for
 from tests.chaos import faults
 from tests.conftest import Backend
@@ -157,9 +157,9 @@ def test_an_outage_is_logged_once_though_each_consumer_notices_it_on_its_own(
 ) -> None:
     """Consumers busy in a handler notice a lost connection after others have reconnected:
     those late reports are the same outage, unless the connection stays lost."""
-    from mdbcontainer import resources as module
-    from mdbcontainer.broker import Broker
+    from mdbcontainer.pipeline import resources as module
     from mdbcontainer.settings import settings_from_dict
+    from mdbcontainer.wire.broker import Broker
 
     monkeypatch.setattr(module, "OUTAGE_ECHO", 0.3)
     settings = settings_from_dict({"container": {"database_url": f"sqlite:///{tmp_path / 'c.db'}"}})

@@ -9,7 +9,7 @@ import urllib.request
 import kombu
 import pytest
 
-from mdbcontainer.producer import Outgoing, outgoing
+from mdbcontainer.sending.producer import Outgoing, outgoing
 from mdbcontainer.testing import headers_of, mdb, wait_for
 from tests.apps.jms import records
 from tests.conftest import RABBITMQ_URL, Backend, jms_settings

@@ -245,7 +245,7 @@ def test_port_start_while_a_stopped_port_still_finishes_a_long_delivery(backend:
 def test_a_bean_whose_teardown_raises_still_fails_with_its_own_error() -> None:
     """Contract 1: a bean that raised is discarded (teardown) and replaced. A teardown that
     raises too must not replace the handler's error (the one x-mdb-exception reports)."""
-    from mdbcontainer.handlers import HandlerSpec, Invoker
+    from mdbcontainer.handlers.registry import HandlerSpec, Invoker
 
     class Bean:
         def on_message(self, message: object, ctx: object) -> None:

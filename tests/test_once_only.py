@@ -1,6 +1,6 @@
 """Once and only once, proven by killing ``mdb run`` at every step of a delivery.
 
-For every crash point of mdbcontainer/crash.py and both transaction kinds
+For every crash point of mdbcontainer/support/crash.py and both transaction kinds
 (port ``Work``, container-managed; port ``Bean``, bean-managed), a container
 with four consumers gets 300 messages, 20 of them published twice with the
 same id, each making an outbox send to port ``Downstream`` (once-only CMT, in
@@ -37,8 +37,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from mdbcontainer.crash import POINTS
-from mdbcontainer.store import Tables
+from mdbcontainer.state.store import Tables
+from mdbcontainer.support.crash import POINTS
 from mdbcontainer.testing import ContainerProcess, wait_for
 from tests.conftest import ROOT, Backend
 

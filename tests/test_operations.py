@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mdbcontainer.logs import JsonFormatter, MaskingFilter, TextFormatter
-from mdbcontainer.producer import Outgoing, outgoing
+from mdbcontainer.sending.producer import Outgoing, outgoing
+from mdbcontainer.support.logs import JsonFormatter, MaskingFilter, TextFormatter
 from mdbcontainer.testing import mdb, wait_for
 from tests.chaos.faults import disruptive_lock
 from tests.conftest import ROOT, Backend, rabbitmqctl
@@ -380,7 +380,7 @@ def _container(consumers: list[Any], *, state: str = "started", reason: str = ""
 
 
 def test_liveness_fails_only_for_a_dead_or_wedged_consumer() -> None:
-    from mdbcontainer.endpoints import WEDGED_AFTER, liveness
+    from mdbcontainer.runtime.endpoints import WEDGED_AFTER, liveness
 
     assert liveness(_container([_consumer()])) == []
     assert liveness(_container([_consumer(idle_for=WEDGED_AFTER + 5, delivering=True)])) == [], \
@@ -397,7 +397,7 @@ def test_liveness_fails_only_for_a_dead_or_wedged_consumer() -> None:
 
 
 def test_readiness_counts_ports_stopped_as_configured_as_ready() -> None:
-    from mdbcontainer.endpoints import STOPPED_BY_OPERATOR, readiness
+    from mdbcontainer.runtime.endpoints import STOPPED_BY_OPERATOR, readiness
 
     assert readiness(_container([], state="stopped", reason=STOPPED_BY_OPERATOR)) == []
     assert readiness(_container([], state="stopped", autostart=False)) == []

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from mdbcontainer.control import Control
 from mdbcontainer.settings import load_settings
-from mdbcontainer.store import Store, utcnow
+from mdbcontainer.state.control import Control
+from mdbcontainer.state.store import Store, utcnow
 from mdbcontainer.testing import mdb, wait_for, write_settings
 from tests.conftest import Backend
 

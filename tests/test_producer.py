@@ -9,12 +9,12 @@ import pytest
 from amqp.exceptions import NotFound
 
 from mdbcontainer import Producer, RequestTimeout, Unroutable
-from mdbcontainer.broker import Broker
-from mdbcontainer.delivery import Delivery
 from mdbcontainer.message import InvalidBody, decode_body
-from mdbcontainer.outgoing import outgoing
 from mdbcontainer.settings import Settings
+from mdbcontainer.support.outgoing import outgoing
 from mdbcontainer.testing import mdb
+from mdbcontainer.wire.broker import Broker
+from mdbcontainer.wire.delivery import Delivery
 from tests.conftest import RABBITMQ_URL, Backend, one_line_error
 
 

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import DBAPIError
 
-from mdbcontainer.control import Control
 from mdbcontainer.errors import MdbError, SettingsError
-from mdbcontainer.logs import JsonFormatter, TextFormatter
+from mdbcontainer.runtime.supervisor import STABLE_AFTER, Supervisor, validate
 from mdbcontainer.settings import load_settings
-from mdbcontainer.store import Store
-from mdbcontainer.supervisor import STABLE_AFTER, Supervisor, validate
+from mdbcontainer.state.control import Control
+from mdbcontainer.state.store import Store
+from mdbcontainer.support.logs import JsonFormatter, TextFormatter
 from mdbcontainer.testing import mdb, wait_for, write_settings
 from tests.conftest import ROOT, Backend, one_line_error
 
@@ -324,6 +324,6 @@ def test_restart_delays_double_up_to_30s_and_start_over_after_a_stable_run(
 def test_each_log_line_names_its_process_in_text_and_json() -> None:
     record = logging.LogRecord("mdbcontainer.port", logging.INFO, __file__, 1, "port %s started",
                                ("Work",), None)
-    assert "[process 3] mdbcontainer.port [MainThread] port Work started" in TextFormatter(3).format(record)
+    assert "[process 3] mdbcontainer.runtime.port [MainThread] port Work started" in TextFormatter(3).format(record)
     assert json.loads(JsonFormatter(3).format(record))["process"] == 3
     assert "process" not in json.loads(JsonFormatter().format(record)), "one process: no label"

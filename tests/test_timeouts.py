@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from mdbcontainer.broker import Broker, Publisher
 from mdbcontainer.errors import SettingsError
 from mdbcontainer.settings import mask_url, settings_from_dict
 from mdbcontainer.testing import headers_of, mdb, wait_for, write_settings
+from mdbcontainer.wire.broker import Broker, Publisher
 from tests.conftest import CHILD_ENV, RABBITMQ_URL, Backend
 
 
@@ -146,7 +146,7 @@ def test_a_queue_on_a_node_that_is_down_is_an_outage_not_a_refusal() -> None:
     """RabbitMQ's words are all there is to tell a node that is down from a wrong request."""
     from amqp.exceptions import NotFound, PreconditionFailed
 
-    from mdbcontainer.broker import node_down
+    from mdbcontainer.wire.broker import node_down
 
     down = NotFound("NOT_FOUND - home node 'rabbit@mq2' of durable queue 'Q' in vhost '/' is down "
                     "or inaccessible", (50, 10), "Queue.declare")

@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy import exc as sa_exc
 
-from mdbcontainer.broker import Broker
-from mdbcontainer.store import Tables
+from mdbcontainer.state.store import Tables
 from mdbcontainer.testing import headers_of, wait_for
-from mdbcontainer.transactions import is_infrastructure
+from mdbcontainer.units.single import is_infrastructure
+from mdbcontainer.wire.broker import Broker
 from tests.conftest import Backend
 
 pytestmark = pytest.mark.slow

@@ -44,8 +44,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from mdbcontainer.producer import Producer
-from mdbcontainer.store import Tables
+from mdbcontainer.sending.producer import Producer
+from mdbcontainer.state.store import Tables
 from mdbcontainer.testing import ContainerProcess, mdb, wait_for
 from tests.chaos import faults
 from tests.conftest import ROOT, Backend, reachable

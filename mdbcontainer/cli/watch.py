@@ -1,0 +1,245 @@
+"""``mdb ports --watch``: a live table of every port of every running container.
+
+It is meant to stay open during an incident, so it must keep drawing while
+the broker or the database is away: a sampler thread reads the containers'
+heartbeats (the database) and the queue depths (one broker connection,
+passive declares, so nothing is created or consumed), and the screen is
+redrawn every second from the latest sample, saying how old it is and what
+could not be read. Rates are deliveries per second over the last few
+seconds of heartbeats, smoothed because heartbeats and redraws tick apart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from contextlib import suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import MdbError
+from ..operations.ports import batch_figures
+from ..settings import Settings
+from ..state.control import Control
+from ..state.store import Store
+from ..wire.broker import Broker, connection_errors, describe
+
+REFRESH = 1.0
+RATE_WINDOW = 5.0
+STALE_AFTER = 3.0
+REASON_WIDTH = 50
+
+
+@dataclass
+class Sample:
+    """What one look at the fleet found, and what it could not read."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    depths: dict[str, int | None] = field(default_factory=dict)
+    taken_at: float = 0.0
+    wall: datetime | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+class QueueDepths:
+    """Ready messages per queue over one broker connection, reopened after a failure."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._conn: Any = None
+        self._channel: Any = None
+
+    def measure(self, queues: list[str]) -> dict[str, int | None]:
+        """Depth of each queue (None: it does not exist); raises on a lost connection."""
+        if self._conn is None:
+            self._conn = self.broker.connect(timeout=2.0)
+        return {queue: self._depth(queue) for queue in queues}
+
+    def _depth(self, queue: str) -> int | None:
+        if self._channel is None:
+            self._channel = self._conn.channel()
+        try:
+            return int(self._channel.queue_declare(queue=queue, passive=True).message_count)
+        except connection_errors():
+            self.close()
+            raise
+        except Exception:  # 404 on RabbitMQ closes the channel: take a new one next time
+            with suppress(Exception):
+                self._channel.close()
+            self._channel = None
+            return None
+
+    def close(self) -> None:
+        conn, self._conn, self._channel = self._conn, None, None
+        if conn is not None:
+            with suppress(Exception):
+                conn.close()
+
+
+class Rates:
+    """Deliveries per second per (container, port), from the delivered counters' deltas."""
+
+    def __init__(self, window: float = RATE_WINDOW) -> None:
+        self.window = window
+        self._history: dict[tuple[str, str], deque[tuple[float, int]]] = {}
+
+    def update(self, rows: list[dict[str, Any]], now: float) -> dict[tuple[str, str], float]:
+        rates = {}
+        for row in rows:
+            key = (row["container"], row["port"])
+            history = self._history.setdefault(key, deque())
+            history.append((now, int(row.get("delivered") or 0)))
+            while len(history) > 2 and now - history[0][0] > self.window:
+                history.popleft()
+            (t0, d0), (t1, d1) = history[0], history[-1]
+            rates[key] = (d1 - d0) / (t1 - t0) if t1 > t0 and d1 >= d0 else 0.0
+        return rates
+
+
+class Sampler:
+    """Takes a :class:`Sample` every ``interval`` in a thread of its own."""
+
+    def __init__(self, settings: Settings, interval: float = REFRESH) -> None:
+        self.settings = settings
+        self.interval = interval
+        self.store = Store(settings.container)
+        self.depths = QueueDepths(Broker(settings))
+        self.latest = Sample()
+        self.taken = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="mdb-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(3.0)
+        self.depths.close()
+        with suppress(Exception):
+            self.store.dispose()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.latest = self.take()
+            self.taken.set()
+            self._stop.wait(self.interval)
+
+    def take(self) -> Sample:
+        sample = Sample(rows=self.latest.rows, depths=self.latest.depths)
+        try:
+            sample.rows = Control(self.store).live(control_interval=self.settings.container.control_interval)
+        except Exception as exc:
+            sample.problems.append(f"database: {describe(exc)} (rows as last read)")
+        queues = sorted({q for q in map(queue_of, sample.rows) if q} | set(self.backout_queues()))
+        try:
+            sample.depths = self.depths.measure(queues)
+        except Exception as exc:
+            self.depths.close()
+            sample.problems.append(str(exc) if isinstance(exc, MdbError)
+                                   else f"broker {self.depths.broker.masked_url}: {describe(exc)}")
+        sample.taken_at, sample.wall = time.monotonic(), datetime.now(UTC)
+        return sample
+
+    def backout_queues(self) -> list[str]:
+        return self.settings.backout_queues()
+
+
+def queue_of(row: dict[str, Any]) -> str:
+    """The queue a port reads (older containers report only the destination)."""
+    return str(row.get("queue") or row.get("destination") or "")
+
+
+def _state(state: str) -> Text:
+    return Text(state, style="green" if state == "started" else "bold red")
+
+
+def _number(value: Any, alarm: bool = False) -> Text:
+    return Text(str(value), style="bold red" if alarm and value else "")
+
+
+def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
+           backout_queues: list[str], now: float) -> Group:
+    """The screen: the ports table, the backout queues, and what could not be read."""
+    stamp = sample.wall.strftime("%H:%M:%S UTC") if sample.wall else "--:--:--"
+    table = Table(title=f"mdb ports --watch  {source}  {stamp}  (Ctrl-C to exit)", title_justify="left")
+    for column, justify in (("container", "left"), ("port", "left"), ("queue", "left"),
+                            ("state", "left"), ("msg/s", "right"), ("failures", "right"),
+                            ("delivered", "right"), ("failed", "right"), ("backed out", "right"),
+                            ("invalid", "right"), ("backlog", "right"), ("batches", "right"),
+                            ("since", "left"),
+                            ("reason", "left")):
+        table.add_column(column, justify=justify, no_wrap=True,  # type: ignore[arg-type]
+                         overflow="ellipsis", max_width=REASON_WIDTH if column == "reason" else None)
+    for row in sample.rows:
+        key = (row["container"], row["port"])
+        depth = sample.depths.get(queue_of(row))
+        reason = str(row.get("reason") or "")
+        table.add_row(
+            row["container"], row["port"], queue_of(row) or "-", _state(str(row["state"])),
+            f"{rates.get(key, 0.0):.1f}", _number(row.get("consecutive_failures", 0), alarm=True),
+            str(row.get("delivered", 0)), str(row.get("failed", 0)),
+            str(row.get("backed_out", 0)), str(row.get("invalid_body", 0)),  # as --json counts them
+            "-" if depth is None else str(depth), batch_figures(row), str(row.get("since", ""))[11:19],
+            reason,
+        )
+    lines: list[Any] = [table]
+    if not sample.rows:
+        lines.append(Text("no running containers", style="yellow"))
+    lines += _stop_reasons(sample.rows)
+    held = [f"{q} {sample.depths[q]}" for q in backout_queues if sample.depths.get(q) is not None]
+    if held:
+        lines.append(Text("backout queues: " + ", ".join(held)))
+    if sample.taken_at and now - sample.taken_at > STALE_AFTER:
+        lines.append(Text(f"data is {now - sample.taken_at:.0f}s old: still waiting for it",
+                          style="bold yellow"))
+    lines += [Text(problem, style="bold red") for problem in sample.problems]
+    return Group(*lines)
+
+
+def _stop_reasons(rows: list[dict[str, Any]]) -> list[Text]:
+    """The whole reason of each stopped port, once: it names the message that stopped it."""
+    seen: dict[tuple[str, str], None] = {}
+    for row in rows:
+        if row.get("state") != "started" and row.get("reason"):
+            seen[(str(row["port"]), str(row["reason"]))] = None
+    return [Text(f"{port} stopped: {reason}", style="red") for port, reason in seen]
+
+
+def watch(settings: Settings, iterations: int | None = None, interval: float = REFRESH) -> None:
+    """Redraw every ``interval`` until Ctrl-C (or ``iterations`` redraws, for tests)."""
+    sampler = Sampler(settings, interval)
+    console = Console() if Console().is_terminal else Console(width=200)
+    try:
+        sampler.start()
+        sampler.taken.wait(interval * 3)
+        with Live(console=console, auto_refresh=False) as live:
+            _redraw(live, sampler, iterations, interval)
+        console.line()
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a person leaves: exit 0
+    finally:
+        sampler.stop()
+
+
+def _redraw(live: Live, sampler: Sampler, iterations: int | None, interval: float) -> None:
+    rates = Rates()
+    current: dict[tuple[str, str], float] = {}
+    last_taken = -1.0
+    drawn = 0
+    while iterations is None or drawn < iterations:
+        sample = sampler.latest
+        if sample.taken_at != last_taken:
+            last_taken, current = sample.taken_at, rates.update(sample.rows, sample.taken_at)
+        live.update(render(sample, current, sampler.settings.source, sampler.backout_queues(),
+                           time.monotonic()), refresh=True)
+        drawn += 1
+        if iterations is None or drawn < iterations:
+            time.sleep(interval)
