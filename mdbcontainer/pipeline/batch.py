@@ -3,7 +3,7 @@
 A batched port's consumer runs steps 1-6 of the per-delivery pipeline on
 each delivery as it arrives; the deliveries that pass them are gathered
 until ``batch_size`` of them are there or the first has waited
-``batch_linger``. Then the batch runs in one unit of work (``batches.py``)
+``batch_linger``. Then the batch runs in one unit of work (``units/batch.py``)
 and is settled together:
 
 1. the outbox rows of the batch are published with their confirms awaited

@@ -17,7 +17,7 @@ message:
 - **None**: a per-message handler runs for each message in turn and a failing
   one fails alone; a batch handler runs once.
 
-A unit never acknowledges; the pipeline (``batching.py``) settles the batch
+A unit never acknowledges; the pipeline (``pipeline/batch.py``) settles the batch
 after the outcome is durable, exactly as for one delivery.
 """
 

@@ -1,6 +1,6 @@
 """MessageContext: what a handler can do besides reading its message.
 
-The context delegates to the delivery's unit of work (``transactions.py``),
+The context delegates to the delivery's unit of work (``units/single.py``),
 so the same ``ctx.send`` is an outbox row under a transaction and a publish
 after the handler returns without one.
 """
