@@ -2,7 +2,8 @@
 
 A module's layer is its folder: the table names the package's folders (``wire/``)
 and the few modules lying directly in ``mdbcontainer/`` (``errors``), each once,
-and every module inside a folder takes that folder's layer.
+and every module inside a folder takes that folder's layer. Only ``wire/`` and
+``embedded/`` import kombu or amqp.
 
 Every import counts (module level, inside functions, under TYPE_CHECKING): a
 type-only import of a higher layer is still a circle a reader has to untangle.
@@ -131,3 +132,21 @@ def test_only_the_seam_and_the_acknowledgment_modes_settle_a_message() -> None:
     modules = sorted(_module(f) for f in PACKAGE.rglob("*.py")
                      if "embedded" not in f.parts and settling.search(f.read_text()))
     assert modules == ["mdbcontainer.pipeline.acknowledge", "mdbcontainer.wire.delivery"]
+
+
+def test_only_the_wire_and_the_embedded_transport_touch_kombu() -> None:
+    """kombu and amqp stay behind the seam; the embedded broker's file is read only through it."""
+    kombu = re.compile(r"^\s*(from|import)\s+(kombu|amqp)\b", re.M)
+    seam = {"mdbcontainer.wire", "mdbcontainer.embedded"}
+    graph = _graph()
+    outside = [m for m in graph if m.split(".")[:2] and ".".join(m.split(".")[:2]) not in seam]
+    importers = [m for m in outside if kombu.search(_path(m).read_text())]
+    assert not importers, f"only wire/ and embedded/ may import kombu or amqp: {importers}"
+    readers = [m for m in outside if m != "mdbcontainer"
+               and any(t == "mdbcontainer.embedded" or t.startswith("mdbcontainer.embedded.") for t in graph[m])]
+    assert not readers, f"only wire/ may reach the embedded transport: {readers}"
+
+
+def _path(module: str) -> Path:
+    path = ROOT.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")

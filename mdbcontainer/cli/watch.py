@@ -30,6 +30,7 @@ from ..settings import Settings
 from ..state.control import Control
 from ..state.store import Store
 from ..wire.broker import Broker, connection_errors, describe
+from ..wire.queues import QueueSession
 
 REFRESH = 1.0
 RATE_WINDOW = 5.0
@@ -53,34 +54,27 @@ class QueueDepths:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self._conn: Any = None
-        self._channel: Any = None
+        self._queues: QueueSession | None = None
 
     def measure(self, queues: list[str]) -> dict[str, int | None]:
         """Depth of each queue (None: it does not exist); raises on a lost connection."""
-        if self._conn is None:
-            self._conn = self.broker.connect(timeout=2.0)
-        return {queue: self._depth(queue) for queue in queues}
+        if self._queues is None:
+            self._queues = QueueSession(self.broker, timeout=2.0)
+        return {queue: self._depth(self._queues, queue) for queue in queues}
 
-    def _depth(self, queue: str) -> int | None:
-        if self._channel is None:
-            self._channel = self._conn.channel()
+    def _depth(self, queues: QueueSession, queue: str) -> int | None:
         try:
-            return int(self._channel.queue_declare(queue=queue, passive=True).message_count)
+            return queues.status(queue).messages
         except connection_errors():
             self.close()
             raise
-        except Exception:  # 404 on RabbitMQ closes the channel: take a new one next time
-            with suppress(Exception):
-                self._channel.close()
-            self._channel = None
+        except Exception:  # a missing queue (the session takes a new channel next time)
             return None
 
     def close(self) -> None:
-        conn, self._conn, self._channel = self._conn, None, None
-        if conn is not None:
-            with suppress(Exception):
-                conn.close()
+        queues, self._queues = self._queues, None
+        if queues is not None:
+            queues.close()
 
 
 class Rates:

@@ -40,7 +40,8 @@ from ..support.crash import crash_point
 from ..support.outgoing import Outgoing
 from ..support.terminal import Column, fit
 from ..wire.broker import Broker, Publisher, connection_errors, describe
-from ..wire.delivery import Delivery, HeldMessages, body_bytes
+from ..wire.delivery import Delivery, HeldMessages
+from ..wire.queues import Browsed, QueueSession
 
 ORIGINAL_DESTINATION = "x-mdb-original-destination"
 EXCEPTION = "x-mdb-exception"
@@ -141,74 +142,49 @@ def dumps(data: Any) -> str:
 # -- reading messages ------------------------------------------------------------
 
 
-def _from_delivery(queue: str, message: Delivery) -> DeadLetter:
-    props = {k: v for k, v in message.properties.items()
-             if k not in ("application_headers", "delivery_info", "delivery_tag", "body_encoding")}
+def _dead_letter(queue: str, message: Browsed) -> DeadLetter:
     return DeadLetter(
         queue=queue,
-        id=_text_or_none(props.get("message_id")),
+        id=_text_or_none(message.properties.get("message_id")),
         headers=message.headers,
-        properties=props,
+        properties=message.properties,
         body=message.body,
         content_type=message.content_type,
     )
 
 
-def _from_payload(queue: str, payload: dict[str, Any]) -> DeadLetter:
-    """A message as :func:`mdbcontainer.embedded.browse` returns it."""
-    props = {k: v for k, v in (payload.get("properties") or {}).items() if k != "delivery_info"}
-    return DeadLetter(
-        queue=queue,
-        id=_text_or_none(props.get("message_id")),
-        headers=dict(payload.get("headers") or {}),
-        properties=props,
-        body=body_bytes(payload.get("body") or b"", payload.get("content-encoding")),
-        content_type=str(payload.get("content-type") or ""),
-    )
-
-
 @contextmanager
-def _channel(broker: Broker) -> Iterator[Any]:
+def _session(broker: Broker) -> Iterator[QueueSession]:
     """A dedicated connection and channel; closing it hands back whatever was not acknowledged."""
-    conn = broker.connect()
+    queues = QueueSession(broker)
     try:
-        yield conn.channel()
+        yield queues
     except connection_errors() as exc:
         lost = f"broker {broker.masked_url}: connection lost: {describe(exc)}"
         raise BrokerUnavailable(lost) from exc
     finally:
-        with suppress(Exception):
-            conn.close()
+        queues.close()
 
 
-def _open_queue(broker: Broker, channel: Any, queue: str) -> None:
+def _open_queue(broker: Broker, queues: QueueSession, queue: str) -> None:
     """Declare a backout queue the settings name; any other queue must already exist."""
     if queue in broker.settings.backout_queues():
-        broker.declare_queue(channel, queue)
+        queues.declare(queue)
         return
     try:
-        channel.queue_declare(queue=queue, passive=True)
+        queues.status(queue)
     except connection_errors():
         raise
     except Exception as exc:
         raise DlqError(f"queue {queue!r} does not exist on broker {broker.masked_url}") from exc
 
 
-def _browse_one(broker: Broker, channel: Any, queue: str,
+def _browse_one(broker: Broker, queues: QueueSession, queue: str,
                 limit: int | None = None) -> tuple[list[DeadLetter], int]:
     """The first ``limit`` messages of ``queue`` (all with None), and how many it holds."""
-    _open_queue(broker, channel, queue)
-    if broker.is_embedded:
-        from .. import embedded
-
-        path = broker.connection().hostname  # the same file the connection opens
-        every = embedded.browse(path, queue)
-        return [_from_payload(queue, p) for p in every[:limit]], len(every)
-    # Held messages are handed back when the channel closes, so taking only the
-    # first ``limit`` keeps a deep queue's browse short; the rest are still counted.
-    taken = HeldMessages(channel, queue).take_all(limit)
-    rest = channel.queue_declare(queue=queue, passive=True).message_count
-    return [_from_delivery(queue, m) for m in taken], len(taken) + int(rest or 0)
+    _open_queue(broker, queues, queue)
+    taken, total = queues.browse(queue, limit)
+    return [_dead_letter(queue, m) for m in taken], total
 
 
 def browse(settings: Settings, queue: str | None = None, limit: int | None = None) -> list[DeadLetter]:
@@ -220,8 +196,8 @@ def browse_page(settings: Settings, queue: str | None = None,
                 limit: int | None = None) -> tuple[list[DeadLetter], int]:
     """The first ``limit`` messages of a backout queue and how many it holds; all stay."""
     broker = Broker(settings)
-    with _channel(broker) as channel:
-        return _browse_one(broker, channel, queue or settings.container.dead_letter_queue, limit)
+    with _session(broker) as queues:
+        return _browse_one(broker, queues, queue or settings.container.dead_letter_queue, limit)
 
 
 def _sources(settings: Settings, queue: str | None) -> list[str]:
@@ -234,8 +210,8 @@ def find(settings: Settings, message_id: str, queue: str | None = None) -> list[
     sources = _sources(settings, queue)
     found: list[DeadLetter] = []
     for source in sources:
-        with _channel(broker) as channel:  # one channel each: hand back before the next
-            found += [d for d in _browse_one(broker, channel, source)[0] if d.id == message_id]
+        with _session(broker) as queues:  # one channel each: hand back before the next
+            found += [d for d in _browse_one(broker, queues, source)[0] if d.id == message_id]
     if not found:
         raise DlqError(f"message {message_id!r} not found on {', '.join(sources)}")
     return found
@@ -330,9 +306,9 @@ def replay(
     replayer = Replayer(settings, to)
     try:
         for source in _sources(settings, queue):
-            with _channel(broker) as channel:
-                _open_queue(broker, channel, source)
-                if not _replay_from(replayer, channel, source, ids, replay_all, result, seen):
+            with _session(broker) as queues:
+                _open_queue(broker, queues, source)
+                if not _replay_from(replayer, queues, source, ids, replay_all, result, seen):
                     break
     finally:
         replayer.close()
@@ -340,10 +316,10 @@ def replay(
     return result
 
 
-def _replay_from(replayer: Replayer, channel: Any, source: str, ids: list[str], replay_all: bool,
+def _replay_from(replayer: Replayer, queues: QueueSession, source: str, ids: list[str], replay_all: bool,
                  result: ReplayResult, seen: set[str]) -> bool:
     """Replay the selected messages of one queue; False when a failure says stop."""
-    held = HeldMessages(channel, source)
+    held = queues.hold(source)
     for message in held.take_all():
         mid = message.message_id
         if not (replay_all or mid in ids):
@@ -365,9 +341,9 @@ def purge(settings: Settings, queue: str | None = None) -> tuple[str, int]:
     """Empty a backout queue (default: the dead-letter queue); return its name and how many went."""
     broker = Broker(settings)
     name = queue or settings.container.dead_letter_queue
-    with _channel(broker) as channel:
-        _open_queue(broker, channel, name)
-        return name, int(channel.queue_purge(queue=name) or 0)
+    with _session(broker) as queues:
+        _open_queue(broker, queues, name)
+        return name, queues.purge(name)
 
 
 # -- the commands' output -------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 from ..errors import MdbError
 from ..wire.broker import Broker
 from ..wire.ownership import OwnerLock, in_use
+from ..wire.queues import QueueSession
 
 
 def unsubscribe(broker: Broker, client_id: str, subscription: str) -> int:
@@ -39,18 +40,11 @@ def unsubscribe(broker: Broker, client_id: str, subscription: str) -> int:
 
 
 def _delete_unused(broker: Broker, queue: str) -> int:
-    from amqp.exceptions import NotFound
-
-    conn = broker.connect()
-    try:
-        channel = conn.channel()
-        try:
-            ok = channel.queue_declare(queue=queue, passive=True)
-        except NotFound as exc:
-            raise MdbError(f"no durable subscription {queue!r} on {broker.masked_url}") from exc
-        if ok.consumer_count:
-            raise in_use(queue, f"{ok.consumer_count} consumer(s)")
+    with QueueSession(broker) as queues:
+        found = queues.find(queue)
+        if found is None:
+            raise MdbError(f"no durable subscription {queue!r} on {broker.masked_url}")
+        if found.consumers:
+            raise in_use(queue, f"{found.consumers} consumer(s)")
         # if_unused: a container that started consuming since the check keeps it.
-        return int(channel.queue_delete(queue=queue, if_unused=True) or 0)
-    finally:
-        conn.close()
+        return queues.delete_if_unused(queue)

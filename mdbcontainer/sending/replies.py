@@ -22,20 +22,16 @@ calls made through the context.
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections.abc import Callable
-from contextlib import suppress
-from typing import Any, Protocol
-
-import kombu
+from typing import Protocol
 
 from ..errors import MdbError, RequestTimeout, TransactionError
 from ..message import JSON, TEXT, InvalidBody, Message
 from ..settings import PortSettings
 from ..wire.broker import Broker
 from ..wire.delivery import Delivery, envelope
+from ..wire.queues import ReplyQueue
 
 
 class Sender(Protocol):
@@ -87,56 +83,15 @@ def wait_for_reply(
     check_not_in_unit_of_work(destination)
     if seconds <= 0:
         raise ValueError(f"timeout must be positive, not {seconds:g}s")
-    conn = producer.broker.connect()
-    channel: Any = None
-    consumer: kombu.Consumer | None = None
-    queue = ""
-    try:
-        channel = conn.channel()
-        queue = _temporary_queue(channel)
-        replies: list[Delivery] = []
-        consumer = _listen(channel, queue, correlation_id, replies)
-        send(queue)
-        raw = _wait(conn, replies, seconds)
+    with ReplyQueue(producer.broker, correlation_id) as replies:
+        send(replies.name)
+        raw = replies.wait(seconds)
         if raw is None:
             raise RequestTimeout(
                 f"no reply from {destination!r} within {seconds:g}s (correlation id "
                 f"{correlation_id}); a later reply is dropped with the temporary queue"
             )
-        return _message(raw, queue)
-    finally:
-        _close(conn, channel, consumer, queue)
-
-
-def _temporary_queue(channel: Any) -> str:
-    """Exclusive, auto-delete, not durable; the broker names it (the embedded transport too)."""
-    ok = channel.queue_declare(queue="", durable=False, exclusive=True, auto_delete=True)
-    return str(ok.queue)
-
-
-def _listen(channel: Any, queue: str, correlation_id: str, replies: list[Delivery]) -> kombu.Consumer:
-    def keep(raw: Any) -> None:
-        # Replies to an earlier request of this queue cannot exist (the queue is new);
-        # a stray message without our correlation id is dropped.
-        delivery = Delivery(raw)
-        if delivery.properties.get("correlation_id") == correlation_id:
-            replies.append(delivery)
-
-    consumer = kombu.Consumer(channel, queues=[kombu.Queue(queue, no_declare=True)],
-                              on_message=keep, no_ack=True, auto_declare=False, accept=None)
-    consumer.consume()
-    return consumer
-
-
-def _wait(conn: kombu.Connection, replies: list[Delivery], seconds: float) -> Delivery | None:
-    deadline = time.monotonic() + seconds
-    while not replies:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        with suppress(socket.timeout, TimeoutError):
-            conn.drain_events(timeout=min(remaining, 1.0))
-    return replies[0]
+        return _message(raw, replies.name)
 
 
 def _message(reply: Delivery, queue: str) -> Message:
@@ -146,18 +101,3 @@ def _message(reply: Delivery, queue: str) -> Message:
     except InvalidBody as exc:
         raise MdbError(f"reply {message_id} cannot be read: {exc}") from exc
 
-
-def _close(conn: kombu.Connection, channel: Any, consumer: kombu.Consumer | None, queue: str) -> None:
-    """Cancel, delete the temporary queue (the broker would with the connection) and close.
-
-    Cancel first: deleting a queue under its own consumer makes the broker
-    cancel it, and py-amqp then fails to close the connection's socket.
-    """
-    if consumer is not None:
-        with suppress(Exception):
-            consumer.cancel()
-    if channel is not None and queue:
-        with suppress(Exception):
-            channel.queue_delete(queue=queue)
-    with suppress(Exception):
-        conn.close()
