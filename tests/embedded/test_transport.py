@@ -23,7 +23,7 @@ from kombu.message import Message
 from mdbcontainer import embedded
 from mdbcontainer.embedded import NoRoute, Transport, browse, topic_matches
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
