@@ -26,7 +26,9 @@ from tests.chaos.cluster import Cluster, available
 from tests.conftest import Backend
 
 # Three Erlang VMs boot and join first (half a minute or more on two busy cores).
-pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres, pytest.mark.timeout(300)]
+# One xdist group with the other tests that build hosts or nodes: one at a time on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres, pytest.mark.timeout(300),
+              pytest.mark.xdist_group("hosts")]
 
 
 @pytest.fixture

@@ -31,7 +31,8 @@ from mdbcontainer.testing import ContainerProcess, wait_for
 from tests.chaos.hosts import TestHost, available
 from tests.conftest import Backend
 
-pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres]
+# One xdist group with the other tests that build hosts or nodes: one at a time on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres, pytest.mark.xdist_group("hosts")]
 
 HEARTBEAT = 2
 DATABASE_TIMEOUT = 4
