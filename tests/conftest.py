@@ -227,3 +227,11 @@ def rabbit(tmp_path: Path) -> Any:
     b = Backend("rabbitmq", tmp_path)
     yield b
     b.close()
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Any:
+    """The embedded broker and SQLite only (the in-process tests of tests/pipeline and tests/units)."""
+    b = Backend("embedded", tmp_path)
+    yield b
+    b.close()
