@@ -7,6 +7,11 @@ backout queue, stops a port after its maximum retries, and keeps a dedup
 table so each message's database work commits once.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     BrokerError,
     BrokerUnavailable,
@@ -22,11 +27,30 @@ from .errors import (
     TransactionError,
     Unroutable,
 )
-from .handlers.registry import message_driven
-from .message import Message
-from .sending.producer import Producer
-from .settings import Settings, load_settings
-from .units.context import BatchContext, MessageContext
+
+if TYPE_CHECKING:
+    from .handlers.registry import message_driven
+    from .message import Message
+    from .sending.producer import Producer
+    from .settings import Settings, load_settings
+    from .units.context import BatchContext, MessageContext
+
+# Imported on first use: ``mdb send`` loads the CLI through this package, and the
+# handler and transaction machinery (SQLAlchemy) would cost it a second.
+_LAZY = {
+    "BatchContext": "units.context", "MessageContext": "units.context", "message_driven": "handlers.registry",
+    "Message": "message", "Producer": "sending.producer", "Settings": "settings", "load_settings": "settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BatchContext",

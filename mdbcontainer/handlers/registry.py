@@ -12,6 +12,7 @@ import importlib
 import inspect
 import logging
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,11 @@ class HandlerSpec:
         """How the container calls the handler; ListenerError naming it when it cannot."""
         if not self.is_bean:
             return read_signature(self.name, self.target, method=False, batch=self.batch)
+        for hook in ("setup", "teardown"):  # a coroutine here would never be awaited either
+            method = getattr(self.target, hook, None)
+            if inspect.iscoroutinefunction(method):
+                raise ListenerError(f"{self.name}.{hook}: an async def {hook} is not supported "
+                                    "yet (it would never be awaited): define it with def")
         static = inspect.getattr_static(self.target, "on_message", None)
         method = not isinstance(static, staticmethod | classmethod)
         return read_signature(f"{self.name}.on_message", self.target.on_message, method=method,
@@ -145,6 +151,35 @@ def _handlers_in(module: Any) -> list[HandlerSpec]:
 
 
 @dataclass
+class Running:
+    """The handler call in progress on one consumer: since when, for which message(s).
+
+    Written by the consumer's thread around each call, read by /healthz, the
+    heartbeat (``mdb ports``) and the control loop, which warns once per call
+    that outlives the port's ``handler_timeout``.
+    """
+
+    since: float | None = None  # monotonic clock; None between calls
+    message_ids: tuple[str, ...] = ()
+    warned: bool = False
+
+    def enter(self, ctx: Any) -> None:
+        message = getattr(ctx, "message", None)
+        messages = getattr(ctx, "messages", None) or ([message] if message is not None else [])
+        self.message_ids = tuple(str(m.id) for m in messages)
+        self.warned = False
+        self.since = time.monotonic()
+
+    def leave(self) -> None:
+        self.since = None
+
+    def seconds(self, now: float) -> float | None:
+        """How long the call in progress has run; None between calls."""
+        since = self.since
+        return None if since is None else now - since
+
+
+@dataclass
 class Invoker:
     """Calls one handler for one consumer: holds that consumer's bean instance.
 
@@ -157,6 +192,7 @@ class Invoker:
     spec: HandlerSpec
     adapter: TypeAdapter[Any] | None = None
     takes_context: bool = True
+    running: Running = field(default_factory=Running)
     _bean: Any = field(default=None, repr=False)
 
     @classmethod
@@ -181,6 +217,13 @@ class Invoker:
         return validate_body(self.adapter, message.body)
 
     def __call__(self, argument: Any, ctx: Any) -> None:
+        self.running.enter(ctx)
+        try:
+            self._call(argument, ctx)
+        finally:
+            self.running.leave()
+
+    def _call(self, argument: Any, ctx: Any) -> None:
         args = (argument, ctx) if self.takes_context else (argument,)
         if not self.spec.is_bean:
             self.spec.target(*args)

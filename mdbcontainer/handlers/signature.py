@@ -40,6 +40,7 @@ def read_signature(name: str, func: Callable[..., Any], *, method: bool, batch: 
     ``method``: ``func`` is a bean's ``on_message`` read from its class, so its
     first parameter is ``self``.
     """
+    _refuse_async(name, func)
     try:
         params = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError) as exc:
@@ -53,6 +54,16 @@ def read_signature(name: str, func: Callable[..., Any], *, method: bool, batch: 
     positional = [p for p in params if p.kind in _POSITIONAL]
     takes_context = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
     return Signature(annotation, takes_context)
+
+
+def _refuse_async(name: str, func: Callable[..., Any]) -> None:
+    """Until async handlers land, a coroutine function would be called and never awaited:
+    its messages acknowledged unprocessed. Refuse it at binding instead."""
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        raise ListenerError(
+            f"{name}: an async def handler is not supported yet (its coroutine would never be "
+            "awaited and its messages acknowledged unprocessed): define it with def"
+        )
 
 
 def _check_parameters(name: str, params: list[inspect.Parameter]) -> inspect.Parameter | None:

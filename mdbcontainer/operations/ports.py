@@ -13,6 +13,7 @@ from ..errors import ListenerError
 from ..settings import Settings, format_duration, parse_duration
 from ..state.control import Control
 from ..state.dedup import Dedup
+from ..state.history import record_cli
 from ..state.store import Store
 from ..support.terminal import Column, fit
 
@@ -36,27 +37,35 @@ def show_ports(settings: Settings, as_json: bool) -> None:
     for r in rows:  # whole, whatever the width: it names the message that stopped the port
         if r["state"] != "started" and r.get("reason"):
             typer.echo(f"{r['port']} {r['state']}: {r['reason']}")
+        for stuck in r.get("stuck") or []:  # past handler_timeout: which message holds it
+            typer.echo(f"{r['port']} stuck: consumer {stuck['consumer']} in its handler for "
+                       f"{stuck['seconds']:.0f}s on message {', '.join(stuck['message_ids'])}")
 
 
 # The table's columns are the --json fields, one for one (an invalid body is
-# counted in ``invalid body``, not also in ``backed out``). In a narrow terminal
-# the columns that are all zeros go first, then the least needed: the handled
-# and duplicate counts stay, so that a skipped duplicate is seen.
+# counted in ``invalid body``, not also in ``backed out``). The container and the
+# port tell the rows apart: they stay whole on the row's line. In a narrow
+# terminal the empty columns go first, then the columns that are all zeros and
+# the least needed move to the row's second line: the handled and duplicate
+# counts stay longest, so that a skipped duplicate is seen. Each count starts
+# from zero with its container (the README's *The mdb command*).
 PORT_FIELDS = ("container", "port", "destination", "state", "consecutive_failures", "delivered",
                "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body", "expired",
-               "batches", "fallbacks", "since", "reason")
+               "waiting", "batches", "fallbacks", "since", "reason")
 PORT_COLUMNS = (
-    Column("container", 12, drop=8), Column("port", keep=True), Column("destination", 8, drop=7),
+    Column("container", keep=True), Column("port", keep=True), Column("destination", 8),
     Column("state", keep=True), *(
-        Column(header, keep=True, right=True, drop=drop) for header, drop in (
+        Column(header, right=True, drop=drop) for header, drop in (
             ("failures", 2), ("delivered", 5), ("handled", 1), ("duplicate", 1), ("failed", 3),
-            ("backed out", 3), ("invalid body", 3), ("expired", 4))
+            ("backed out", 3), ("invalid body", 3), ("expired", 4), ("waiting", 3))
     ), Column("batches", 9, right=True, drop=2), Column("fallbacks", right=True, drop=2),
     Column("since", 19, drop=9), Column("reason", 10, drop=6),
 )
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
+    if key == "state" and row.get("stuck"):  # a handler past handler_timeout: it needs a restart
+        return "stuck"
     if key == "since":
         return str(row.get("since", ""))[:19]
     if key == "batches":  # a batched port's batches and how full they ran: N x mean/size
@@ -90,6 +99,7 @@ def switch_port(settings: Settings, name: str, state: str, as_json: bool = False
         )
     reason = "" if state == "started" else STOPPED_BY_OPERATOR
     Control(_store(settings)).set_port(name, state, reason)
+    record_cli(settings, "start" if state == "started" else "stop", name, f"{state} requested")
     within = format_duration(settings.container.control_interval)
     if as_json:
         typer.echo(json.dumps({"port": name, "requested": state, "within": within}))

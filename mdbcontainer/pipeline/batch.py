@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -96,9 +97,12 @@ class BatchPipeline(Pipeline):
             self.acks.hand_back(item.delivery, item.message.id)
 
     def release(self) -> None:
-        """The channel is gone: the broker requeues the gathered batch; recorded as handed back."""
-        gathered, self._gathered = self._gathered, []
-        self.acks.record_hand_back([item.message.id for item in gathered])
+        """The channel is gone: the broker requeues the gathered batch.
+
+        Nothing is written: the connection's lease, ended by the consumer, says
+        that none of its deliveries counts (counts.py).
+        """
+        self._gathered = []
 
     # -- running -----------------------------------------------------------
 
@@ -142,7 +146,7 @@ class BatchPipeline(Pipeline):
         started = time.perf_counter()
         crash_point("before-handler")
         items = self._items(batch)
-        outcome = self._through_outages(lambda: self.runner.run(items),
+        outcome = self._through_outages(lambda: self.runner.run(items, hold=self._hold),
                                         failed=lambda o: o.kind == "infrastructure")
         if outcome is _GAVE_UP:
             for item in batch:
@@ -154,6 +158,11 @@ class BatchPipeline(Pipeline):
         else:
             self._settle_batch(batch, outcome)
 
+    def _hold(self, call: Callable[[], Outcome]) -> Outcome | None:
+        """One message of a batch without a transaction, held through a database outage as alone."""
+        outcome = self._through_outages(call, failed=lambda o: o.kind == "infrastructure")
+        return None if outcome is _GAVE_UP else outcome
+
     def _fall_back(self, batch: list[_Gathered], outcome: BatchOutcome) -> None:
         """Roll back (done), count nothing, and run each message alone in its own unit of work."""
         self.batch_port.record_fallback()
@@ -161,7 +170,7 @@ class BatchPipeline(Pipeline):
         if outcome.kind == "failed":
             log.warning("port %s: a batch of %d rolled back (%s); running each message alone",
                         self.port.name, len(batch), describe(outcome.error))
-        else:  # bean-managed: a message of the batch was claimed already
+        else:  # a message of the batch was claimed already (bean-managed, or claimed last)
             log.info("port %s: a batch of %d holds a message applied before (%s); running each "
                      "message alone", self.port.name, len(batch), outcome.error)
         for index, item in enumerate(batch):
@@ -180,7 +189,8 @@ class BatchPipeline(Pipeline):
         """One message alone: a batch handler gets a list of one; a per-message one runs as ever."""
         if not self.invoker.spec.batch:
             return super()._run(delivery, message)
-        result = self.runner.run([BatchItem(message, self._argument, self._mover(delivery))])
+        result = self.runner.run([BatchItem(message, self._argument, self._mover(delivery))],
+                                 client_ack=self.acks.begin(delivery, message.id))
         if result.kind == "conflict" or (result.kind == "handled" and result.duplicates):
             return Outcome("duplicate")
         if result.kind != "handled":
@@ -204,6 +214,8 @@ class BatchPipeline(Pipeline):
             failed.setdefault(index, Outcome("failed", error))
         for index in sorted(failed):  # transaction none: a failing message fails alone
             self._failed(batch[index].delivery, batch[index].message, failed[index])
+        for index in outcome.held_back:  # the port stopped during an outage: back uncounted
+            self.acks.hand_back(batch[index].delivery, batch[index].message.id)
         duplicates = [batch[i] for i in outcome.duplicates]
         for item in duplicates:
             self.acks.discard(item.delivery)

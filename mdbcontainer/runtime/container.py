@@ -14,23 +14,27 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tenacity
+from sqlalchemy import MetaData
+from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import ListenerError, SettingsError
 from ..handlers.registry import HandlerSpec, Invoker, import_listeners
 from ..pipeline.resources import SharedResources
 from ..settings import PortSettings, Settings, validate_port
 from ..state.control import Wanted
-from ..state.metadata import load_metadata
+from ..state.metadata import create_missing, load_metadata
 from ..state.store import Store
 from ..support.logs import fields
 from ..support.retry import DEFAULT as RETRY
-from ..units.single import is_infrastructure
+from ..units.single import database_refused, is_infrastructure
 from ..wire.broker import Broker, Publisher, describe
+from ..wire.delays import wait_queues
 from .endpoints import OperationsServer
 from .port import ListenerPort
 
@@ -135,13 +139,15 @@ class Container:
         self.bindings = bind(settings, ports)
         self.metadata = load_metadata(settings)
         self.broker = Broker(settings)
-        self.store = Store(settings.container)
+        consumers = sum(b.settings.concurrency for b in self.bindings)
+        self.store = Store(settings.container, consumers=consumers)  # a connection per consumer
         self.resources = SharedResources(settings, self.store, self.broker)
         self._stop = threading.Event()
         self._changed = threading.Event()  # a port changed state: write the heartbeat now
         self.ports = {b.name: self._port(b) for b in self.bindings}
         self._threads: list[threading.Thread] = []
         self._generations: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}  # per port: messages waiting out a redelivery delay
         self.endpoints: OperationsServer | None = None
         for port in self.ports.values():
             self._bind_metrics(port)
@@ -229,6 +235,7 @@ class Container:
         if self.endpoints is not None:
             self.endpoints.stop()
         try:
+            self.resources.counter.end_leases_of(self.id)
             self.resources.control.deregister()
         except Exception as exc:
             log.warning("could not deregister container %s: %s", self.id, describe(exc))
@@ -243,9 +250,7 @@ class Container:
         def prepare() -> dict[str, Wanted]:
             self.store.create_tables()
             if self.metadata is not None:
-                self.metadata.create_all(self.store.engine)
-                log.info("created the missing tables of %s (%d table(s))",
-                         self.settings.container.metadata, len(self.metadata.tables))
+                self._create_application_tables(self.metadata)
             self.resources.control.register()
             return self.resources.control.wanted()
 
@@ -254,17 +259,38 @@ class Container:
             log.warning("database unavailable at start (attempt %d): %s; retrying in %.1fs",
                         state.attempt_number, describe(error), state.upcoming_sleep)
 
-        retrying = RETRY.until_stopped(self._stop, retry=tenacity.retry_if_exception(is_infrastructure),
+        def outage(exc: BaseException) -> bool:  # a missing database or a wrong login is no outage
+            return is_infrastructure(exc) and not database_refused(exc)
+
+        retrying = RETRY.until_stopped(self._stop, retry=tenacity.retry_if_exception(outage),
                                        before_sleep=before_sleep)
-        wanted: dict[str, Wanted] = retrying(prepare)
+        try:
+            wanted: dict[str, Wanted] = retrying(prepare)
+        except SQLAlchemyError as exc:
+            if database_refused(exc):
+                raise SettingsError(f"container.database_url: {describe(exc)}") from exc
+            raise
         return wanted
+
+    def _create_application_tables(self, metadata: MetaData) -> None:
+        """``container.metadata``'s missing tables, and a log line that says which (or none)."""
+        created = create_missing(metadata, self.store.engine)
+        reference = self.settings.container.metadata
+        if created:
+            log.info("created %d table(s) of %s: %s", len(created), reference, ", ".join(created))
+        else:
+            log.info("all %d table(s) of %s exist; none created", len(metadata.tables), reference)
 
     def request_stop(self) -> None:
         """Stop as the first SIGTERM would (gracefully), without counting as a signal."""
         self._stop.set()
 
-    def run(self) -> int:
-        """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early)."""
+    def run(self, started: Callable[[], None] | None = None) -> int:
+        """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early).
+
+        ``started`` is called once the container has started (its supervisor learns
+        that an exit from then on is a death to restart, not a refusal of its settings).
+        """
         signals = {"count": 0}
 
         def on_signal(signum: int, _frame: Any) -> None:
@@ -284,6 +310,8 @@ class Container:
                 raise
             log.info("stopped before the database came up")
             return 0
+        if started is not None:
+            started()
         self._stop.wait()  # a signal sets it
         self.stop()
         log.info("container %s stopped", self.id)
@@ -303,6 +331,8 @@ class Container:
             self._changed.clear()
             if self._stop.is_set():
                 return
+            for port in self.ports.values():
+                port.warn_stuck()
             if not self._publish_state():
                 failing = True
             elif failing:
@@ -352,7 +382,8 @@ class Container:
                 "handled": s.handled, "duplicate_skipped": s.duplicate_skipped,
                 "invalid_body": s.invalid_body, "since": port.since.isoformat(),
                 "batch_size": port.settings.batch_size, "batches": s.batches,
-                "batched": s.batched, "fallbacks": s.fallbacks,
+                "batched": s.batched, "fallbacks": s.fallbacks, "waiting": self._waiting.get(name, 0),
+                "stuck": [stuck.row() for stuck in port.stuck()],
             })
         return rows
 
@@ -363,6 +394,7 @@ class Container:
             while not self._stop.wait(RELAY_EVERY):
                 self._relay(publisher)
                 self._measure_outbox()
+                self._measure_waiting(publisher)
                 if time.monotonic() - last_purge >= PURGE_EVERY:
                     last_purge = time.monotonic()
                     self.purge()
@@ -382,6 +414,20 @@ class Container:
             self.resources.metrics.outbox_backlog.set(self.resources.outbox.backlog())
         except Exception as exc:
             log.debug("outbox backlog not measured: %s", describe(exc))
+
+    def _measure_waiting(self, publisher: Publisher) -> None:
+        """Messages of each port's queue waiting out a redelivery delay: its wait queues' depth."""
+        for name, port in self.ports.items():
+            waits = wait_queues(port.queue, port.queue_settings)
+            if not waits:
+                continue
+            try:
+                self._waiting[name] = sum(publisher.depth(queue) or 0 for queue in waits)
+                self.resources.metrics.waiting.labels(port=name).set(self._waiting[name])
+            except Exception as exc:
+                publisher.close()
+                log.debug("waiting messages of port %s not measured: %s", name, describe(exc))
+                return
 
     def purge(self) -> int:
         try:

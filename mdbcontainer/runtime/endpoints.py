@@ -9,7 +9,11 @@ The two probes answer different questions, as Kubernetes uses them:
   thread that should be running has died or is wedged: a consumer's drain
   loop refreshes ``PortConsumer.alive_at`` every half second, so a consumer that
   is consuming, is not inside a delivery and has not looped for
-  ``WEDGED_AFTER`` seconds is stuck. A broker or database outage is *not* a
+  ``WEDGED_AFTER`` seconds is stuck; and, where a port sets ``handler_timeout``,
+  a handler call running longer than that is stuck (a deadlocked handler holds
+  its prefetch for ever: a restart hands it to another consumer, counted as a
+  crash). Time a delivery spends waiting out an outage is not handler time. A
+  broker or database outage is *not* a
   liveness failure: a restart cannot bring the broker back, and restarting
   every replica at once during an outage only adds load.
 - ``/readyz`` (readiness): is the container doing its job? Connected to the
@@ -64,6 +68,7 @@ def liveness(container: Observed, wedged_after: float = WEDGED_AFTER) -> list[st
     reasons = [f"container thread {t.name} died" for t in container.threads if not t.is_alive()]
     now = time.monotonic()
     for name, port in container.ports.items():
+        reasons += [stuck.describe() for stuck in port.stuck(now)]  # a stopping port's too
         if port.stopping:
             continue
         for consumer in list(port.consumers):

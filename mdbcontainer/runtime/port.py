@@ -25,7 +25,7 @@ from typing import Any
 import tenacity
 
 from ..errors import SubscriptionInUse
-from ..handlers.registry import HandlerSpec
+from ..handlers.registry import HandlerSpec, Running
 from ..pipeline.acknowledge import acknowledger_for, check_mode
 from ..pipeline.batch import pipeline_for
 from ..pipeline.resources import SharedResources
@@ -55,6 +55,27 @@ class PortStats:
     batches: int = 0  # batch units of work run (batched ports)
     batched: int = 0  # deliveries in them
     fallbacks: int = 0  # batches rolled back and run again one by one
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A consumer whose handler call has run past the port's ``handler_timeout``."""
+
+    port: str
+    consumer: int
+    message_ids: tuple[str, ...]
+    seconds: float
+    timeout: float
+
+    def describe(self) -> str:
+        ids = ", ".join(self.message_ids) or "-"
+        what = f"message {ids}" if len(self.message_ids) <= 1 else f"batch of messages {ids}"
+        return (f"port {self.port} consumer {self.consumer}: handler stuck for {self.seconds:.0f}s "
+                f"on {what} (handler_timeout {self.timeout:g}s)")
+
+    def row(self) -> dict[str, Any]:
+        return {"consumer": self.consumer, "message_ids": list(self.message_ids),
+                "seconds": round(self.seconds, 1)}
 
 
 @dataclass
@@ -171,6 +192,35 @@ class ListenerPort:
             if self.on_state_change is not None:
                 self.on_state_change()
 
+    def stuck(self, now: float | None = None) -> list[Stuck]:
+        """The consumers whose handler call has outlived ``handler_timeout`` (none when it is off)."""
+        return [stuck for stuck, _ in self._stuck_calls(now)]
+
+    def _stuck_calls(self, now: float | None = None) -> list[tuple[Stuck, Running]]:
+        timeout = self.settings.handler_timeout.total_seconds()
+        if timeout <= 0:
+            return []
+        now = time.monotonic() if now is None else now
+        found = []
+        for consumer in list(self.consumers):
+            running = consumer.running
+            seconds = running.seconds(now)
+            if seconds is not None and seconds > timeout:
+                found.append((Stuck(self.name, consumer.index, running.message_ids, seconds, timeout),
+                              running))
+        return found
+
+    def warn_stuck(self) -> None:
+        """One WARNING per stuck handler call, the first time it is seen past the timeout."""
+        for stuck, running in self._stuck_calls():
+            if running.warned:
+                continue
+            running.warned = True
+            log.warning("%s: it holds its prefetched messages; /healthz fails until it returns",
+                        stuck.describe(), extra=fields(port=self.name, outcome="stuck",
+                                                       message_id=",".join(stuck.message_ids),
+                                                       duration=round(stuck.seconds, 3)))
+
     # -- Maximum retries ---------------------------------------------------
 
     def record(self, outcome: str) -> None:
@@ -237,6 +287,7 @@ class PortConsumer:
         self.consuming = False
         self.handing_back = False
         self._publisher: Publisher | None = None
+        self._lease: str | None = None  # this connection's row in the lease table (counts.py)
         self.acks = acknowledger_for(port)
         self.thread = threading.Thread(
             target=self._run, name=f"mdb-{port.name}-{index}", daemon=True
@@ -244,6 +295,7 @@ class PortConsumer:
         self.alive_at = time.monotonic()
         # Set by the pipeline while a delivery runs: /healthz and the in-flight gauge read it.
         self.delivering_since: float | None = None
+        self.running = Running()  # the handler call in progress (handler_timeout)
 
     @property
     def publisher(self) -> Publisher:
@@ -268,6 +320,7 @@ class PortConsumer:
 
     def _run(self) -> None:
         pipeline = pipeline_for(self.port, self)
+        pipeline.invoker.running = self.running
         mark_consumer_thread(self.port.name, self.port.settings)
         try:
             while self._should_run():
@@ -283,6 +336,7 @@ class PortConsumer:
                     pipeline.release()
                     self.acks.release()
                     sub.close()
+                    self._end_lease()  # before consuming again: none of its deliveries counts
         except Exception as exc:  # a channel error (a queue deleted, a declare refused...)
             if self._should_run():
                 log.exception("port %s consumer %d ended: %s", self.port.name, self.index, exc)
@@ -320,6 +374,7 @@ class PortConsumer:
     def _subscribe(self, pipeline: Pipeline) -> Subscription | None:
         if not self._should_run():
             return None
+        self._begin_lease()
         sub = Subscription(self.port.resources.broker, self.port.queue,
                            self.port.settings.prefetch, self.acks.deliver(pipeline),
                            self.port.declare, exclusive=self.port.settings.durable,
@@ -328,9 +383,29 @@ class PortConsumer:
             sub.open()
         except BaseException:
             sub.close()
+            self._end_lease()
             raise
         self.acks.attach(sub)
         return sub
+
+    def _begin_lease(self) -> None:
+        """Write this connection's lease before it consumes: the evidence, should the process die."""
+        try:
+            self._lease = self.port.counter.begin_lease(self.port.queue, self.port.resources.control.id)
+        except Exception as exc:  # the database is away: a death now goes uncounted, nothing else
+            log.warning("port %s consumer %d: could not write its lease: %s", self.port.name,
+                        self.index, describe(exc))
+
+    def _end_lease(self) -> None:
+        """The connection ended and the process lives: none of its deliveries counts as failed."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        try:
+            self.port.counter.end_lease(lease)
+        except Exception as exc:  # left open, its holder alive: still not the evidence of a death
+            log.warning("port %s consumer %d: could not end its lease: %s", self.port.name,
+                        self.index, describe(exc))
 
     def _drain(self, sub: Subscription, pipeline: Pipeline) -> None:
         self.port.resources.recovered("broker")
@@ -338,8 +413,9 @@ class PortConsumer:
         while self._should_run():
             self.alive_at = time.monotonic()
             sub.drain(pipeline.wait_limit(0.5))
-            pipeline.tick()
-            self.acks.tick()
+            with sub.between_reads():  # a lingered batch may run longer than two heartbeats
+                pipeline.tick()
+                self.acks.tick()
         pipeline.hand_back_gathered()
         self._hand_back_all(sub)
 

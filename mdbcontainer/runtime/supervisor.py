@@ -46,15 +46,14 @@ from types import FrameType, TracebackType
 
 import tenacity
 
-from ..errors import SettingsError
-from ..pipeline.acknowledge import check_mode
+from ..errors import MdbError, SettingsError
 from ..settings import Settings
 from ..state.control import Control
 from ..state.store import Store, utcnow
 from ..support.logs import fields
 from ..support.retry import RetryPolicy
-from ..wire.broker import Broker, describe
-from .container import Container, bind
+from ..wire.broker import describe
+from .container import Container
 
 log = logging.getLogger("mdbcontainer.supervisor")
 
@@ -72,10 +71,15 @@ PR_SET_PDEATHSIG = 1
 
 
 def validate(settings: Settings, ports: list[str] | None, processes: int) -> None:
-    """Refuse what a container process would refuse at start, once, before any child starts."""
-    caps = Broker(settings).capabilities
-    for binding in bind(settings, ports):
-        check_mode(settings.source, binding.name, binding.settings.acknowledge, caps)
+    """Refuse what a container process would refuse at start, once, before any child starts.
+
+    It builds what a child builds (``Container``: listeners, bindings, ports,
+    ``container.metadata``) without connecting to anything, so a settings or
+    listener error is one line from the supervisor, not N children exiting 2.
+    """
+    container = Container(settings, ports=ports)
+    container.store.dispose()
+    for binding in container.bindings:
         if binding.settings.durable and processes > 1:
             raise SettingsError(
                 f"{settings.source}: ports.{binding.name}: a durable subscription has one active "
@@ -116,8 +120,34 @@ class Slot:
     deaths: int = 0  # deaths in a row, each soon after its start: the backoff's attempt number
     restart_at: float | None = None  # when a dead slot starts again (monotonic clock)
 
+    report: int | None = None  # the read end of the pipe the process reports its start on
+    started: bool = False  # it reported that its container started
+    refusal: str = ""  # the one line of a settings or listener error it reported instead
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def read_report(self) -> None:
+        """Take what the process reported (``started``, or ``refused LINE``) and close the pipe."""
+        if self.report is None:
+            return
+        data = b""
+        with suppress(BlockingIOError, OSError):
+            while chunk := os.read(self.report, 4096):
+                data += chunk
+        os.close(self.report)
+        self.report = None
+        for line in data.decode(errors="replace").splitlines():
+            kind, _, text = line.partition(" ")
+            if kind == STARTED:
+                self.started = True
+            elif kind == REFUSED:
+                self.refusal = text
+
+
+# What a container process writes on its report pipe (one line each).
+STARTED = "started"
+REFUSED = "refused"
 
 
 class Wakeup:
@@ -169,6 +199,7 @@ class Supervisor:
         self.slots = [Slot(index) for index in range(1, processes + 1)]
         self.store = Store(settings.container)
         self._forgetting: list[threading.Thread] = []
+        self._refused: str | None = None  # a child refused the settings before it started
 
     def run(self) -> int:
         """Start the children and supervise them; 0 after a graceful stop, 130 after a second signal."""
@@ -178,15 +209,21 @@ class Supervisor:
                     self._start(slot)
                 log.info("supervisor (pid %d) started %d container processes", os.getpid(),
                          len(self.slots))
-                while not wakeup.received:
+                while not wakeup.received and self._refused is None:
                     self._reap()
                     self._start_due()
-                    wakeup.wait(self._next_timeout())
-                return self._stop_all(wakeup)
+                    if self._refused is None:
+                        wakeup.wait(self._next_timeout())
+                code = self._stop_all(wakeup)
         finally:
+            for slot in self.slots:
+                slot.read_report()
             for thread in self._forgetting:
                 thread.join(FORGET_WAIT)
             self.store.dispose()
+        if self._refused is not None:  # restarting cannot help: exit 2 with the child's line
+            raise SettingsError(self._refused)
+        return code
 
     # -- starting and restarting ----------------------------------------------
 
@@ -196,6 +233,13 @@ class Supervisor:
         for port in self.ports:
             args += ["--port", port]
         return [*args, "--supervisor", str(os.getpid()), "--process-index", str(index)]
+
+    def _open_report(self, slot: Slot) -> int:
+        """A pipe for ``slot``'s next process to report its start on; returns the write end."""
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        slot.report, slot.started, slot.refusal = read, False, ""
+        return write
 
     def _environment(self, index: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -207,14 +251,19 @@ class Supervisor:
     def _start(self, slot: Slot) -> None:
         slot.restart_at = None
         slot.started_at = time.monotonic()
+        report = self._open_report(slot)
+        command = [*self.command(slot.index), "--report-fd", str(report)]
         try:
             # Its own session: a terminal's Ctrl-C goes to the supervisor, not to each child too.
-            slot.proc = subprocess.Popen(self.command(slot.index), env=self._environment(slot.index),
-                                         start_new_session=True)
+            slot.proc = subprocess.Popen(command, env=self._environment(slot.index),
+                                         start_new_session=True, pass_fds=(report,))
         except OSError as exc:  # no fork today (EAGAIN, ENOMEM): a death like any other
             slot.proc = None
+            slot.read_report()
             self._schedule(slot, f"could not be started ({exc.strerror})", None, 0.0)
             return
+        finally:
+            os.close(report)  # the child holds it now: its end of the pipe ends with it
         log.info("container process %d started (pid %d)", slot.index, slot.proc.pid)
 
     def _reap(self) -> None:
@@ -225,6 +274,12 @@ class Supervisor:
             pid, code = slot.proc.pid, slot.proc.returncode
             slot.proc = None
             self._forget(pid)
+            slot.read_report()
+            if code == 2 and not slot.started:  # its settings or listeners: a restart cannot help
+                self._refused = slot.refusal or (
+                    f"container process {slot.index} (pid {pid}) exited with status 2 before it "
+                    "started: it refused the settings or listeners (its error is above)")
+                return
             self._schedule(slot, exit_status(code), pid, time.monotonic() - slot.started_at)
 
     def _schedule(self, slot: Slot, status: str, pid: int | None, lived: float) -> None:
@@ -265,16 +320,20 @@ class Supervisor:
     def _stop_all(self, wakeup: Wakeup) -> int:
         """SIGTERM to every child once; wait for them; a second signal kills them at once."""
         live = [slot for slot in self.slots if slot.alive()]
-        name = signal.Signals(wakeup.received[0]).name
-        log.info("%s: stopping %d container process(es) gracefully (again to stop them at once)",
-                 name, len(live))
+        if wakeup.received:
+            name = signal.Signals(wakeup.received[0]).name
+            log.info("%s: stopping %d container process(es) gracefully (again to stop them at once)",
+                     name, len(live))
+        else:
+            log.info("a container process refused the settings before it started: stopping %d "
+                     "container process(es) gracefully", len(live))
         for slot in live:
             assert slot.proc is not None
             slot.proc.send_signal(signal.SIGTERM)
         grace = self.settings.container.shutdown_timeout.total_seconds() + KILL_GRACE
         deadline = time.monotonic() + grace
         while live:
-            if len(wakeup.received) > 1:
+            if len(wakeup.received) > (1 if self._refused is None else 0):
                 log.warning("second signal: killing %d container process(es); what they held "
                             "unacknowledged will be redelivered", len(live))
                 self._kill(live)
@@ -325,14 +384,59 @@ def ask_parent_death_signal(signum: int) -> bool:
         return False
 
 
-def run_supervised(settings: Settings, ports: list[str] | None, supervisor_pid: int) -> int:
-    """A supervised container process: the container, stopped gracefully when its supervisor is gone."""
+def run_supervised(settings: Settings, ports: list[str] | None, supervisor_pid: int,
+                   report_fd: int | None = None) -> int:
+    """A supervised container process: the container, stopped gracefully when its supervisor is gone.
+
+    ``report_fd``: the pipe it tells its supervisor on that it started, or the one
+    line of a settings or listener error that stopped it before (exit 2): the
+    supervisor then stops too, with that line, instead of restarting it for ever.
+    """
     ask_parent_death_signal(signal.SIGTERM)  # SIGTERM: the container's own graceful stop
-    container = Container(settings, ports=ports)
-    watch = threading.Thread(target=stop_when_orphaned, args=(container, supervisor_pid),
-                             name="mdb-supervisor-watch", daemon=True)
-    watch.start()  # also catches a supervisor that died before the death signal was asked for
-    return container.run()
+    report = Report(report_fd)
+    try:
+        container = Container(settings, ports=ports)
+        watch = threading.Thread(target=stop_when_orphaned, args=(container, supervisor_pid),
+                                 name="mdb-supervisor-watch", daemon=True)
+        watch.start()  # also catches a supervisor that died before the death signal was asked for
+        return container.run(started=report.started)
+    except MdbError as exc:
+        if exc.exit_code != 2 or report.has_started or not report.refused(str(exc)):
+            raise
+        return 2
+    finally:
+        report.close()
+
+
+class Report:
+    """The child's end of its report pipe (none when run by hand with ``--supervisor``)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.has_started = False
+
+    def _write(self, line: str) -> bool:
+        if self.fd is None:
+            return False
+        try:
+            os.write(self.fd, (" ".join(line.split()) + "\n").encode())
+        except OSError:
+            return False
+        return True
+
+    def started(self) -> None:
+        self.has_started = True
+        self._write(STARTED)
+
+    def refused(self, line: str) -> bool:
+        """Tell the supervisor the one line (it prints it, once for every process); False if it cannot."""
+        return self._write(f"{REFUSED} {line}")
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with suppress(OSError):
+                os.close(fd)
 
 
 def stop_when_orphaned(container: Container, supervisor_pid: int) -> None:

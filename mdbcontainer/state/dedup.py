@@ -120,6 +120,19 @@ class Dedup:
         with self.store.engine.connect() as conn:
             return bool(conn.execute(query).scalar())
 
+    def seen_many(self, port: str, message_ids: list[str]) -> set[str]:
+        """The ids of ``message_ids`` whose work has committed: one short read, outside any transaction.
+
+        Where claims go last (SQLite), a batch reads them first, so that a
+        duplicate never reaches a handler, without taking the write lock.
+        """
+        if not message_ids:
+            return set()
+        t = self.table
+        query = select(t.c.message_id).where(t.c.port == port, t.c.message_id.in_(set(message_ids)))
+        with self.store.engine.connect() as conn:
+            return {str(row[0]) for row in conn.execute(query)}
+
     def forget(self, port: str, message_id: str) -> None:
         """Delete one row, so that a replayed message is handled again (``mdb dlq replay``)."""
         t = self.table

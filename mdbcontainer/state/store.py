@@ -52,6 +52,8 @@ class Tables:
     outbox: Table
     port: Table
     container: Table
+    history: Table
+    lease: Table
 
     @classmethod
     def build(cls, prefix: str = "mdb_", schema: str | None = None) -> Tables:
@@ -109,9 +111,39 @@ class Tables:
             Column("stopped", Boolean, nullable=False, default=False),
             Column("stats", Text, nullable=False),
         )  # fmt: skip
-        return cls(md, dedup, delivery, outbox, port, container)
+        # What operators did (port stop/start, replay, purge), from the console or the CLI.
+        history = Table(
+            f"{prefix}history", md,
+            Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                   autoincrement=True),
+            Column("at", ts, nullable=False),
+            Column("action", String(16), nullable=False),
+            Column("target", String(255), nullable=False),
+            Column("detail", Text, nullable=False),
+            Column("origin", String(255), nullable=False),
+            Column("actor", String(255)),
+            Index(f"ix_{prefix}history_at", "at"),
+        )  # fmt: skip
+        # One row per consumer connection, written before it consumes: a
+        # redelivery without a count record is charged as a crash only when a
+        # lease of its queue shows a death (never ended, its holder gone), not
+        # when a container that lives on lost its connection (counts.py).
+        lease = Table(
+            f"{prefix}lease", md,
+            Column("id", String(64), primary_key=True),
+            Column("queue", String(255), nullable=False),
+            Column("container", String(64), nullable=False),
+            Column("host", String(255), nullable=False),
+            Column("pid", Integer, nullable=False),
+            Column("started_at", ts, nullable=False),
+            Column("ended_at", ts),
+            Column("died", Boolean, nullable=False, default=False),
+            Index(f"ix_{prefix}lease_queue", "queue"),
+        )  # fmt: skip
+        return cls(md, dedup, delivery, outbox, port, container, history, lease)
 
 
+_SQLITE_BUSY = timedelta(seconds=30)  # without a database_timeout (tools that pass none)
 # libpq-based drivers take these connection parameters.
 _LIBPQ_DRIVERS = frozenset({"psycopg", "psycopg2", "psycopg2cffi"})
 
@@ -143,12 +175,13 @@ def make_engine(url: str, *, timeout: timedelta | None = None, **kwargs: Any) ->
     """An engine for ``url``; on SQLite, WAL, a busy timeout and explicit BEGINs.
 
     ``timeout`` (``[container] database_timeout``): on PostgreSQL, the bound of
-    :func:`timeout_parameters`; parameters the URL sets itself are kept.
+    :func:`timeout_parameters`; parameters the URL sets itself are kept. On
+    SQLite, the busy timeout: how long a write waits for the one write lock.
 
     On SQLite a plain (deferred) BEGIN lets readers such as ``mdb ports`` run
-    beside a handler's open transaction; the container's units of work start
-    with their dedup claim, a write, so they take the write lock first and
-    queue on the busy timeout instead of failing on a lock upgrade.
+    beside a handler's open transaction; the container's units of work claim
+    their dedup rows last, so a handler holds the write lock only from its own
+    first write to the commit, never while it computes or waits.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
@@ -169,14 +202,16 @@ def make_engine(url: str, *, timeout: timedelta | None = None, **kwargs: Any) ->
         from pathlib import Path
 
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
+    # The busy timeout: how long a write waits for SQLite's one write lock (database_timeout).
+    busy = (timeout or _SQLITE_BUSY).total_seconds()
+    engine = create_engine(url, connect_args={"timeout": busy, "check_same_thread": False}, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         # The driver's own implicit BEGIN would take a read lock and fail on upgrade.
         dbapi_connection.isolation_level = None
         dbapi_connection.execute("PRAGMA journal_mode=WAL")
-        dbapi_connection.execute("PRAGMA busy_timeout=30000")
+        dbapi_connection.execute(f"PRAGMA busy_timeout={round(busy * 1000)}")
         dbapi_connection.execute("PRAGMA synchronous=NORMAL")
 
     @event.listens_for(engine, "begin")
@@ -186,11 +221,37 @@ def make_engine(url: str, *, timeout: timedelta | None = None, **kwargs: Any) ->
     return engine
 
 
+# Connections a container process holds at once besides its consumers': the control loop
+# (port switches, heartbeats) and the housekeeping (the outbox relay; the dedup purge keeps
+# its lock on one connection while it deletes on another).
+OWN_CONNECTIONS = 3
+
+
+def pool_for(url: str, consumers: int) -> dict[str, int]:
+    """Pool sizes for a container of ``consumers`` consumers (the sum of its ports' ``concurrency``).
+
+    A container-managed unit of work claims its dedup row first and holds that
+    connection for the whole handler, so every consumer may hold one at once: a
+    fixed pool smaller than that makes the consumers past it wait on the pool,
+    time out, and report the database unavailable. The pool opens connections
+    only as they are needed; ``max_overflow`` is headroom, never the plan.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        return {}  # one in-memory database per connection: SQLAlchemy's own pool, no sizes
+    return {"pool_size": consumers + OWN_CONNECTIONS, "max_overflow": OWN_CONNECTIONS}
+
+
 class Store:
     """The database side of a container: engine, session factory and tables."""
 
-    def __init__(self, settings: ContainerSettings, engine: Engine | None = None) -> None:
-        self.engine = engine or make_engine(settings.database_url, timeout=settings.database_timeout)
+    def __init__(self, settings: ContainerSettings, engine: Engine | None = None, *,
+                 consumers: int | None = None) -> None:
+        """``consumers``: a container's, to size its pool (:func:`pool_for`); without it (the
+        CLI's commands, the supervisor) the pool keeps :func:`make_engine`'s defaults."""
+        sizes = pool_for(settings.database_url, consumers) if consumers is not None else {}
+        self.engine = engine or make_engine(settings.database_url, timeout=settings.database_timeout,
+                                            **sizes)
         self.tables = Tables.build(settings.table_prefix, settings.db_schema)
         self.sessions = sessionmaker(bind=self.engine, expire_on_commit=False)
         self.dialect = self.engine.dialect.name

@@ -48,6 +48,17 @@ class _UnitContext:
     def rollback_only(self) -> bool:
         return self._unit.rollback_only
 
+    def acknowledge(self) -> None:
+        """Client acknowledgment: acknowledge this and every earlier message of this consumer.
+
+        On a batch handler, ``acknowledge = "client"`` needs ``batch_size = 1``.
+        """
+        self._unit.acknowledge()
+
+    def recover(self) -> None:
+        """Client acknowledgment: redeliver every unacknowledged message of this consumer."""
+        self._unit.recover()
+
     def transaction(self) -> AbstractContextManager[Session]:
         """Bean-managed: a transaction that commits on normal exit, with the dedup marks inside it."""
         manager: AbstractContextManager[Session] = self._unit.bean_transaction()
@@ -91,14 +102,6 @@ class MessageContext(_UnitContext):
     def __init__(self, message: Message, port: str, unit: UnitOfWork) -> None:
         super().__init__(port, unit)
         self.message = message
-
-    def acknowledge(self) -> None:
-        """Client acknowledgment: acknowledge this and every earlier message of this consumer."""
-        self._unit.acknowledge()
-
-    def recover(self) -> None:
-        """Client acknowledgment: redeliver every unacknowledged message of this consumer."""
-        self._unit.recover()
 
     def reply(
         self,

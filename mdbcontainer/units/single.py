@@ -8,9 +8,12 @@ durable, so nothing is acknowledged before its work commits.
   one session per delivery; the dedup row is claimed first, then the handler
   runs, then the outbox rows are written and everything commits together. A
   failure at flush or commit (a deferred constraint) is a failed delivery
-  like any other, not something hidden after the handler returned.
+  like any other, not something hidden after the handler returned; so is a
+  transaction the database ended under the handler (:func:`ensure_open`).
 - **Bean-managed** (``transaction = "bean"``): the handler opens
-  ``ctx.transaction()`` itself; the dedup mark is written inside it.
+  ``ctx.transaction()`` itself; the dedup mark is written inside it. A
+  transaction opened and not committed fails the delivery, even when the
+  handler caught what ended it.
 - **None**: the handler runs; sends are published after it returns.
 """
 
@@ -30,13 +33,15 @@ from ..support.crash import crash_point
 from ..support.outgoing import Outgoing
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.orm import Session, SessionTransaction
 
     from ..state.store import Store
 
 Kind = Literal["handled", "duplicate", "failed", "infrastructure"]
 _SQLITE_ERROR = 1  # the primary result code of a statement SQLite cannot run
 IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+_PQTRANS_INERROR = 3  # libpq's transaction status after an error inside it (psycopg, psycopg2)
 
 
 class RollbackOnly(Exception):
@@ -44,6 +49,62 @@ class RollbackOnly(Exception):
 
     def __str__(self) -> str:
         return "the handler called ctx.set_rollback_only()"
+
+
+class TransactionAborted(Exception):
+    """The transaction ended before its commit: its COMMIT would roll everything back, silently.
+
+    PostgreSQL aborts a transaction at the first error inside it; a handler
+    that catches that error and goes on (the "insert if missing" idiom) leaves
+    a transaction whose COMMIT answers ROLLBACK without raising. Acknowledged,
+    its message would be lost with its rows and dedup mark: it is a failed
+    delivery instead, counted like any other.
+    """
+
+
+def ensure_open(session: Session, begun: SessionTransaction) -> None:
+    """Raise :class:`TransactionAborted` when ``begun`` can no longer commit.
+
+    Local checks, no round trip: SQLAlchemy's own state (a flush that failed
+    inside the handler, a ``session.rollback()``), then the driver's: libpq's
+    transaction status on PostgreSQL, and on SQLite whether the database is
+    still inside the transaction (an ``ON CONFLICT ROLLBACK``, a full disk or
+    a trigger's ``RAISE(ROLLBACK)`` end it, and later statements would then
+    commit one by one).
+    """
+    if session.get_transaction() is not begun or not begun.is_active:
+        raise TransactionAborted(
+            "the session's transaction was ended inside the handler (a failed flush caught, "
+            "session.rollback() or session.commit()): the container's unit of work cannot commit"
+        )
+    if _ended_by_database(session.connection()):
+        raise TransactionAborted(
+            "the database aborted the transaction after an error inside it that the handler "
+            "caught: nothing of it can commit (wrap a statement that may fail in "
+            "session.begin_nested(), a savepoint, to go on after its error)"
+        )
+
+
+def _ended_by_database(connection: Connection) -> bool:
+    raw = connection.connection.dbapi_connection
+    dialect = connection.dialect.name
+    if dialect == "postgresql":
+        info = getattr(raw, "info", None)
+        return getattr(info, "transaction_status", None) == _PQTRANS_INERROR
+    if dialect == "sqlite":  # the container's SQLite engine always opens an explicit BEGIN
+        return getattr(raw, "in_transaction", True) is False
+    return False
+
+
+def claims_first(store: Store | None) -> bool:
+    """Claim dedup rows before the handlers run: a concurrent duplicate then waits before any work.
+
+    On SQLite the first write takes the database's only write lock until the
+    commit, so a claim made first would hold it through every handler (and
+    the container's heartbeats, hand-back records and ``mdb port stop`` would
+    wait on it): there the claim goes last, just before the commit.
+    """
+    return store is not None and store.dialect != "sqlite"
 
 
 @dataclass
@@ -78,6 +139,29 @@ def is_infrastructure(exc: BaseException) -> bool:
         sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.DisconnectionError
         | sa_exc.TimeoutError,
     )
+
+
+# What PostgreSQL says, before any SQLSTATE reaches the client, when the login itself is wrong
+# (libpq reports a failed startup as text only): 3D000, 28000, 28P01.
+_REFUSED_AT_LOGIN = ("does not exist", "password authentication failed", "no pg_hba.conf entry",
+                     "is not permitted to log in", "no password supplied")
+
+
+def database_refused(exc: BaseException) -> bool:
+    """The database refused the settings themselves: a missing database or role, a wrong password.
+
+    An outage while running (a role locked for a moment is waited out like any
+    refused connection), but at start a configuration error: waiting cannot
+    create a database, so ``mdb check`` and ``mdb run`` exit 2 on it.
+    """
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        return sqlstate == "3D000" or sqlstate.startswith("28")
+    if not isinstance(exc, sa_exc.OperationalError):
+        return False
+    text = str(getattr(exc, "orig", exc))
+    said_by_server = "FATAL" in text or "fe_sendauth" in text  # not a statement's own error
+    return said_by_server and any(marker in text for marker in _REFUSED_AT_LOGIN)
 
 
 def _transient_sqlstate(sqlstate: str) -> bool:
@@ -146,13 +230,8 @@ class UnitOfWork:
 
     @property
     def _claim_first(self) -> bool:
-        """Claim the dedup row first: a concurrent duplicate then waits before doing any work.
-
-        On SQLite the first write takes the database's only write lock for the
-        whole handler, so there the claim goes last, just before the commit.
-        """
-        store = self.resources.store
-        return self.once_only and store is not None and store.dialect != "sqlite"
+        """Claim the dedup row first, except on SQLite (see :func:`claims_first`)."""
+        return self.once_only and claims_first(self.resources.store)
 
     @property
     def _claim_last(self) -> bool:
@@ -210,7 +289,7 @@ class ContainerManaged(UnitOfWork):
             return Outcome("duplicate")
         session = self.session = store.session()
         try:
-            with session.begin():
+            with session.begin() as begun:
                 if self._claim_first and not self._claim(session):
                     session.rollback()
                     return Outcome("duplicate")
@@ -218,6 +297,7 @@ class ContainerManaged(UnitOfWork):
                 crash_point("in-handler")
                 if self.rollback_only:
                     raise RollbackOnly
+                ensure_open(session, begun)
                 if self._claim_last and not self._claim(session):
                     session.rollback()
                     return Outcome("duplicate")
@@ -241,6 +321,8 @@ class BeanManaged(UnitOfWork):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._opened = False
+        self._committed = False
+        self._ended: BaseException | None = None  # what ended an opened transaction uncommitted
         self._pending: list[Pending] = []
         self._after_tx: list[Outgoing] = []
 
@@ -259,20 +341,25 @@ class BeanManaged(UnitOfWork):
         if self._opened:
             raise TransactionError(f"port {self.port!r}: ctx.transaction() is once per delivery")
         self._opened = True
-        if self._already_applied():
-            raise DuplicateMessage(self.message_id)
         session = self.session = store.session()
         try:
-            with session.begin():
+            if self._already_applied():
+                raise DuplicateMessage(self.message_id)
+            with session.begin() as begun:
                 if self._claim_first and not self._claim(session):
                     raise DuplicateMessage(self.message_id)
                 yield session
                 if self.rollback_only:
                     raise RollbackOnly
+                ensure_open(session, begun)
                 if self._claim_last and not self._claim(session):
                     raise DuplicateMessage(self.message_id)
                 self._pending = outbox.write(session, self.port, self._sends)
+            self._committed = True
             crash_point("after-commit")
+        except BaseException as exc:
+            self._ended = exc
+            raise
         finally:
             session.close()
             self.session = None
@@ -290,6 +377,8 @@ class BeanManaged(UnitOfWork):
             crash_point("in-handler")
             if self.rollback_only and not self._opened:
                 raise RollbackOnly
+            if self._opened and not self._committed:  # the handler caught what ended it
+                raise self._ended or TransactionAborted("ctx.transaction() did not commit")
         except DuplicateMessage:
             return Outcome("duplicate")
         except Exception as exc:

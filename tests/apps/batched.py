@@ -1,6 +1,7 @@
 """What the batch handlers (``batch=True``) of batchwork.py, batchbean.py and batchtyped.py do.
 
-They do what ``common.perform`` does for each message of the list, with the
+They do what ``common.perform`` does for each message of the list (the
+actions fail, rollback, send, sleep, and ack: ``ctx.acknowledge()``), with the
 effects inserted in one statement, and append one line per call to
 ``$MDB_TEST_BATCHES`` (the port and the list's length), so a test sees how the
 deliveries were grouped.
@@ -9,6 +10,7 @@ deliveries were grouped.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from mdbcontainer import BatchContext, Message
@@ -34,6 +36,10 @@ def perform_batch(port: str, messages: list[Message], ctx: BatchContext, session
             raise RuntimeError(f"poison message {body.get('n')}")
         if action == "rollback":
             ctx.set_rollback_only()
+        if action == "sleep":
+            time.sleep(float(body.get("seconds", 1)))
+        if action == "ack":
+            ctx.acknowledge()
         rows.append({"port": port, "message_id": message.id, "n": body.get("n")})
         if action == "send":
             ctx.send(body["to"], {"n": body.get("n"), "action": "ok"}, message_id=f"{message.id}.out")

@@ -4,7 +4,12 @@ Actions: ok, fail (raise), rollback (set_rollback_only), kill (SIGKILL this
 process), move (ctx.move_to body["to"]), send (ctx.send body["to"]),
 constraint (violate a unique key at commit), sleep (body["seconds"]), badsql
 (SQL naming a table that does not exist: a bug in the handler, not a database
-outage).
+outage), outage (while the file body["flag"] exists, connect to a database
+that refuses: the handler's own database is down, a real OperationalError).
+With ``"pause": [reached, go]`` the handler first creates the file ``reached``
+and waits for the file ``go`` (so a test can act while it runs).
+An optional ``"fail_first": K`` fails the first K deliveries (redelivery count
+below K), whatever the action, then lets it run (a message that succeeds on a retry).
 An optional ``"then"`` runs after the action: ``"rollback"``
 (set_rollback_only) or ``"fail"`` (raise), so work and sends made by the
 action are discarded with the transaction.
@@ -22,7 +27,7 @@ import signal
 import time
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, text
+from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, create_engine, text
 
 from mdbcontainer import Message, MessageContext
 
@@ -56,10 +61,24 @@ def log_attempt(port: str, message: Message) -> None:
         os.close(fd)
 
 
+def pause(reached: str, go: str, limit: float = 60.0) -> None:
+    """Say the handler got here, then wait until the test says go (at most ``limit`` seconds)."""
+    open(reached, "w").close()
+    deadline = time.monotonic() + limit
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def perform(port: str, message: Message, ctx: MessageContext, session: Any | None) -> None:
     body: dict[str, Any] = message.body if isinstance(message.body, dict) else {"action": "ok"}
     action = body.get("action", "ok")
     log_attempt(port, message)
+    if "pause" in body:
+        pause(*body["pause"])
+    if action == "outage" and os.path.exists(body["flag"]):
+        create_engine("postgresql+psycopg://nobody@127.0.0.1:1/down").connect().close()
+    if message.redelivery_count < int(body.get("fail_first", 0)):
+        raise RuntimeError(f"message {body.get('n')} fails its first {body['fail_first']} deliveries")
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "fail":

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mdbcontainer.testing import ContainerProcess, wait_for
+from mdbcontainer.testing import ContainerProcess, mdb, wait_for
 from tests.conftest import ROOT, Backend
 
 pytestmark = pytest.mark.slow
@@ -258,3 +259,118 @@ def test_publish_many_confirms_together_and_names_the_one_message_not_routed(
     failed = [(i, type(e).__name__) for i, e in enumerate(errors) if e is not None]
     assert failed == [(120, "Unroutable")], "only the unroutable message is reported"
     wait_for(lambda: backend.probe(settings).count(queue) == 300, what="the 300 routed messages")
+
+
+def test_without_a_transaction_a_handler_database_outage_is_waited_out_uncounted(
+    backend: Backend,
+) -> None:
+    """As on the per-message path: the handler's own OperationalError holds its message, counts
+    nothing, and the rest of the batch is applied once."""
+    queue = backend.q("NONE-OUTAGE")
+    settings = backend.write(
+        ports={"Work": {"destination": queue, "batch_size": 5, "batch_linger": "300ms",
+                        "transaction": "none", "max_retries": 0}},
+        queues={queue: {"backout_threshold": 1}})
+    flag = backend.tmp / "database-down"
+    flag.touch()
+    bodies: list[tuple[str, dict[str, Any]]] = [(f"o-{i}", {"n": i}) for i in range(5)]
+    bodies[2] = ("o-2", {"n": 2, "action": "outage", "flag": str(flag)})
+    send_all(backend, settings, queue, bodies)
+    with container(backend, settings) as c:
+        wait_for(lambda: attempts_of(backend, "Work")["o-2"] >= 3, what="the outage held and retried")
+        row = c.port_state("Work") or {}
+        assert row.get("state") == "started" and row.get("failed") == 0, row
+        flag.unlink()  # the handler's database is back
+        wait_for(lambda: (c.port_state("Work") or {}).get("handled") == 5, timeout=30,
+                 what="all five handled")
+        row = c.port_state("Work") or {}
+    assert (row["failed"], row["backed_out"], row["consecutive_failures"]) == (0, 0, 0), row
+    assert backend.probe(settings).count(backend.q("DLQ")) == 0
+    ran = attempts_of(backend, "Work")
+    assert all(ran[f"o-{i}"] == 1 for i in (0, 1, 3, 4)), f"the others ran once: {ran}"
+    assert {a[3] for a in backend.attempts("Work")} == {0}, "no redelivery counted"
+
+
+@pytest.mark.parametrize("acknowledge", ["client", "dups_ok"])
+def test_a_batch_handler_of_one_acknowledges_as_its_port_says(backend: Backend,
+                                                              acknowledge: str) -> None:
+    """``batch_size = 1`` with acknowledge client or dups_ok: the batch handler gets a list of
+    one and acknowledges by the port's mode (``ctx.acknowledge()`` on client), run after run."""
+    queue = backend.q("ACK")
+    settings = backend.write(ports={"BatchWork": {"destination": queue, "transaction": "none",
+                                                  "acknowledge": acknowledge}})
+    action = "ack" if acknowledge == "client" else "ok"
+    checked = mdb("check", settings=settings, env=backend.env, cwd=ROOT)
+    assert checked.returncode == 0, checked.stderr
+    for run in range(2):  # a second start works as well as the first
+        send_all(backend, settings, queue, [(f"a{run}-{i}", {"n": i, "action": action}) for i in range(3)])
+        with container(backend, settings) as c:
+            wait_for(lambda: (c.port_state("BatchWork") or {}).get("handled") == 3,
+                     what="three handled")
+            row = c.port_state("BatchWork") or {}
+            assert row["state"] == "started" and row["failed"] == 0, row
+            time.sleep(1.5)  # dups_ok acknowledges within a second
+            assert c.terminate(timeout=20) == 0
+        assert backend.probe(settings).count(queue) == 0, "acknowledged, not handed back"
+    assert calls(backend, "BatchWork") == [1] * 6
+
+
+def test_on_sqlite_a_long_batch_holds_no_lock_and_mdb_port_stop_answers(tmp_path: Path) -> None:
+    """The batch's dedup claims go last on SQLite, so a handler that works for a long time does
+    not hold the database's one write lock: ``mdb port stop`` (and the container's own records)
+    go through at once, within ``database_timeout``, the busy timeout there."""
+    backend = Backend("embedded", tmp_path)
+    try:
+        queue = backend.q("LONG")
+        settings = backend.write(ports={"BatchWork": {"destination": queue, "batch_size": 5,
+                                                      "batch_linger": "200ms"}},
+                                 database_timeout="2s")
+        bodies: list[tuple[str, dict[str, Any]]] = [(f"l-{i}", {"n": i}) for i in range(5)]
+        bodies[0] = ("l-0", {"n": 0, "action": "sleep", "seconds": 8})
+        send_all(backend, settings, queue, bodies)
+        with container(backend, settings) as c:
+            wait_for(lambda: attempts_of(backend, "BatchWork")["l-0"], what="the long batch to start")
+            began = time.monotonic()
+            stopped = mdb("port", "stop", "BatchWork", settings=settings, env=backend.env, cwd=ROOT)
+            took = time.monotonic() - began
+            assert stopped.returncode == 0, stopped.stderr
+            assert backend.effects("BatchWork") == Counter(), f"answered while the batch ran ({took:.1f}s)"
+            wait_for(lambda: (c.port_state("BatchWork") or {}).get("state") == "stopped",
+                     what="the port stopped")
+            wait_for(lambda: len(backend.effects("BatchWork")) == 5, timeout=30,
+                     what="the running batch committed")
+            log = c.output()
+        assert backend.effects("BatchWork") == Counter({f"l-{i}": 1 for i in range(5)})
+        assert "database is locked" not in log, log[-3000:]
+    finally:
+        backend.close()
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_a_lingered_batch_longer_than_two_heartbeats_keeps_its_connection(rabbit: Backend) -> None:
+    """heartbeat = 1s, a partial batch (flushed by the linger) whose handler sleeps 3.5s.
+
+    The batch runs between two reads of the connection; the heartbeats must go
+    on meanwhile, or the container's own heartbeat thread kills the connection
+    and the batch comes back: applied twice without a transaction, backed out
+    at threshold 1 as a crash.
+    """
+    queue = rabbit.q("LINGER")
+    settings = rabbit.write(
+        ports={"Work": {"destination": queue, "batch_size": 10, "batch_linger": "200ms",
+                        "transaction": "none", "prefetch": 20}},
+        queues={queue: {"backout_threshold": 1}}, heartbeat="1s")
+    send_all(rabbit, settings, queue, [("slow", {"action": "sleep", "seconds": 3.5}),
+                                       ("quick-1", {"n": 1}), ("quick-2", {"n": 2})])
+    with container(rabbit, settings) as c:
+        wait_for(lambda: (c.port_state("Work") or {}).get("handled") == 3, 30, what="three handled")
+        time.sleep(2.5)  # time for a redelivery, had the connection been killed under the batch
+        row = c.port_state("Work") or {}
+        output = c.output()
+    assert attempts_of(rabbit, "Work") == {"slow": 1, "quick-1": 1, "quick-2": 1}
+    assert rabbit.probe(settings).count(queue) == 0
+    assert not rabbit.probe(settings).exists(rabbit.q("DLQ")) or \
+        rabbit.probe(settings).count(rabbit.q("DLQ")) == 0
+    assert row["handled"] == 3 and row["failed"] == 0 and row["backed_out"] == 0, row
+    assert "unavailable" not in output and "heartbeat" not in output, output

@@ -178,3 +178,43 @@ def test_an_outage_is_logged_once_though_each_consumer_notices_it_on_its_own(
     resources.outage("broker", lost)
     assert caplog.records[-1].levelname == "ERROR" and "broker unavailable" in caplog.messages[-1]
     assert "broker" in resources.outages
+
+
+@on_services
+def test_a_batch_without_transaction_holds_its_failure_count_through_a_database_outage(
+    rabbit: Backend, role: faults.DatabaseRole,
+) -> None:
+    """``transaction = "none"``, batched: a message fails while the container's database is
+    away. Its failure is counted once the database is back (then backed out), and the messages
+    handled beside it are acknowledged once, never requeued and applied again."""
+    queue = rabbit.q("NONE")
+    settings = rabbit.write(
+        ports={"Work": {"destination": queue, "transaction": "none", "batch_size": 5,
+                        "batch_linger": "300ms", "max_retries": 5}},
+        queues={queue: {"backout_threshold": 1}},
+        database_url=role.url,
+    )
+    reached, go = rabbit.tmp / "reached", rabbit.tmp / "go"
+    bodies: list[tuple[str, dict]] = [(f"g-{i}", {"n": i}) for i in range(5)]
+    bodies[2] = ("bad", {"n": 2, "action": "fail", "pause": [str(reached), str(go)]})
+    with rabbit.container(settings) as container:
+        send(rabbit, settings, queue, *bodies)
+        wait_for(reached.exists, what="the failing handler to start")
+        with role.refused() as cut:
+            assert cut >= 1
+            go.touch()  # the handler fails now, with the container's database away
+            wait_for(lambda: "database unavailable" in container.output(), timeout=15,
+                     what="the outage to be noticed")
+            time.sleep(3)
+            assert rabbit.probe(settings).count(rabbit.q("DLQ")) == 0, "not counted yet"
+        wait_for(lambda: rabbit.probe(settings).count(rabbit.q("DLQ")) == 1, timeout=30,
+                 what="the failure counted and backed out")
+        wait_for(lambda: port_row(rabbit, settings, container).get("handled") == 4, timeout=15,
+                 what="the four others handled")
+        row = port_row(rabbit, settings, container)
+        log = container.output()
+    assert row["state"] == "started" and row["failed"] == 1, row
+    ran = [a[1] for a in rabbit.attempts()]
+    assert sorted(ran) == ["bad", "g-0", "g-1", "g-3", "g-4"], f"each ran once: {ran}"
+    assert "container error" not in log, log[-3000:]
+    assert rabbit.probe(settings).count(queue) == 0

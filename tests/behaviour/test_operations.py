@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mdbcontainer.sending.producer import Outgoing, outgoing
 from mdbcontainer.support.logs import JsonFormatter, MaskingFilter, TextFormatter
-from mdbcontainer.testing import mdb, wait_for
+from mdbcontainer.testing import ContainerProcess, mdb, wait_for
 from tests.chaos.faults import disruptive_lock
 from tests.conftest import ROOT, Backend, rabbitmqctl
 
@@ -326,9 +326,15 @@ def test_watch_draws_states_rates_failures_and_backlog(backend: Backend) -> None
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "mdb ports --watch" in out and "msg/s" in out and "backlog" in out
-    bean = next(line for line in out.splitlines() if f" {other} " in line)
-    assert "stopped" in bean and "maximum retries (0) exceeded" in bean
-    assert bean.split("│")[11].strip() == "2", "the poison message and the one behind it wait"
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("container "))
+    assert header.split()[:4] == ["container", "port", "queue", "state"], header
+    at = lines.index(next(line for line in lines if f" {other} " in line))
+    bean, below = lines[at], lines[at + 1]
+    assert "stopped" in bean and "…" not in out
+    assert "maximum retries (0) exceeded" in bean + below, "the reason whole, beside or under its row"
+    end = header.index("backlog") + len("backlog")  # numbers are right-aligned under their header
+    assert bean[:end].split()[-1] == "2", "the poison message and the one behind it wait"
     work = next(line for line in out.splitlines() if f" {queue} " in line)
     assert "started" in work
     assert f"backout queues: {backend.q('DLQ')} 0" in out
@@ -374,7 +380,8 @@ def _container(consumers: list[Any], *, state: str = "started", reason: str = ""
     from types import SimpleNamespace
 
     port = SimpleNamespace(consumers=consumers, stopping=stopping, state=state, reason=reason,
-                           settings=SimpleNamespace(autostart=autostart))
+                           settings=SimpleNamespace(autostart=autostart),
+                           stuck=lambda now=None: [])  # handler_timeout off
     resources = SimpleNamespace(shutting_down=False, outage_report=lambda: outages or {})
     return SimpleNamespace(ports={"Work": port}, threads=[], resources=resources)
 
@@ -442,9 +449,83 @@ def test_ports_table_agrees_with_json_and_shows_a_skipped_duplicate(backend: Bac
     lines = narrow.stdout.splitlines()
     assert all(len(text) <= 80 for text in lines), narrow.stdout
     assert "handled" in lines[0] and "duplicate" in lines[0], "the dedup step is visible in 80 columns"
-    assert "(left out to fit 80 columns: " in narrow.stdout
+    assert lines[0].startswith("container ") and lines[1].startswith(row["container"])
+    assert "…" not in narrow.stdout and "batches" not in narrow.stdout, "empty: left out, nothing cut"
 
     skipped = [text for text in log.splitlines() if "duplicate_skipped" in text]
     assert len(skipped) == 1, log
     assert "port Work: duplicate_skipped: message twice" in skipped[0]
     assert " INFO " in skipped[0]
+
+
+# -- the database pool is sized from the ports' concurrency --------------------------------------
+
+
+def test_forty_consumers_holding_their_sessions_at_once_never_wait_on_the_pool(rabbit: Backend) -> None:
+    """Each handler holds its session until all 40 hold theirs (tests/apps/crowd.py): a pool
+    smaller than the consumers would time them out as "database unavailable" and turn /readyz 503."""
+    queue, consumers = rabbit.q("CROWD"), 40
+    port = free_port()
+    settings = rabbit.write(ports={"Crowd": {"destination": queue, "concurrency": consumers,
+                                             "prefetch": 1}}, queues={queue: {}}, metrics_port=port)
+    container = ContainerProcess(settings, env={**rabbit.env, "MDB_TEST_CROWD": str(consumers)}, cwd=ROOT)
+    with container.start(timeout=90):
+        with rabbit.producer(settings) as producer:
+            for n in range(consumers):
+                producer.send(queue, {"n": n}, message_id=f"crowd-{n}")
+        readyz: set[int] = set()
+
+        def done() -> bool:
+            readyz.add(probe(port, "/readyz")[0])
+            assert "database unavailable" not in container.output(), container.output()[-3000:]
+            return len(rabbit.effects("Crowd")) == consumers
+
+        wait_for(done, timeout=60, interval=0.25, what="every message handled")
+    assert rabbit.effects("Crowd") == {f"crowd-{n}": 1 for n in range(consumers)}
+    assert readyz == {200}
+    assert "database unavailable" not in container.output()
+
+
+# -- handler_timeout: a hung handler is seen ---------------------------------------------------
+
+
+def test_a_handler_past_handler_timeout_fails_healthz_shows_stuck_and_warns_once(
+        backend: Backend) -> None:
+    queue = backend.q("HUNG")
+    port = free_port()
+    settings = backend.write(ports={"Work": {"destination": queue, "handler_timeout": "2s"}},
+                             queues={queue: {}}, metrics_port=port)
+    with backend.container(settings) as container:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "sleep", "seconds": 0.5}, message_id="slow-ok")
+        wait_for(lambda: backend.effects("Work"), what="a handler within its timeout")
+        assert probe(port, "/healthz")[0] == 200
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 2, "action": "sleep", "seconds": 15}, message_id="hung-1")
+        wait_for(lambda: probe(port, "/healthz")[0] == 503, timeout=7, what="/healthz to fail")
+        status, body = probe(port, "/healthz")
+        assert status == 503 and body["status"] == "not alive", body
+        assert len(body["reasons"]) == 1, body
+        assert body["reasons"][0].startswith("port Work consumer 0: handler stuck for "), body
+        assert "on message hung-1 (handler_timeout 2s)" in body["reasons"][0], body
+        assert probe(port, "/readyz")[0] == 200, "stuck is a liveness failure, not readiness"
+
+        def stuck_rows() -> list[dict[str, Any]]:
+            result = mdb("ports", "--json", settings=settings, env=backend.env)
+            rows = [r for r in json.loads(result.stdout) if r["port"] == "Work" and r["stuck"]]
+            return rows
+
+        rows = wait_for(stuck_rows, timeout=5, what="mdb ports to show the consumer stuck")
+        assert rows[0]["state"] == "started"
+        assert rows[0]["stuck"][0]["consumer"] == 0
+        assert rows[0]["stuck"][0]["message_ids"] == ["hung-1"]
+        table = mdb("ports", settings=settings, env=backend.env).stdout
+        assert " stuck " in table.splitlines()[1] + " ", table
+        assert "Work stuck: consumer 0 in its handler for" in table and "message hung-1" in table
+        wait_for(lambda: probe(port, "/healthz")[0] == 200, timeout=25, what="/healthz back")
+        wait_for(lambda: backend.effects("Work")["hung-1"] == 1, what="the hung message handled")
+        warnings = [line for line in container.output().splitlines()
+                    if "WARNING" in line and "handler stuck" in line]
+        assert len(warnings) == 1, warnings
+        assert "port Work consumer 0: handler stuck for" in warnings[0]
+        assert "message hung-1" in warnings[0]

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,50 @@ def test_a_settings_error_exits_2_in_one_line_before_any_process_starts(tmp_path
         line = one_line_error(result, 2)
         assert "ports.Jms: a durable subscription has one active subscriber (JMS)" in line
     assert not (tmp_path / "db.sqlite").exists(), "no container process started"
+
+
+def test_a_bad_metadata_setting_exits_2_in_one_line_not_a_restart_loop(tmp_path: Path) -> None:
+    """The supervisor builds what a container process builds: container.metadata included."""
+    settings = settings_file(tmp_path, {"Work": {"destination": "W"}}, processes=2,
+                             metadata="tests.apps.work:no_such_metadata")
+    result = mdb("run", settings=settings, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=45)
+    line = one_line_error(result, 2)
+    assert "container.metadata = 'tests.apps.work:no_such_metadata'" in line, line
+    assert "has no attribute 'no_such_metadata'" in line, line
+
+
+REFUSED_IN_CHILD = """
+import sys
+
+from mdbcontainer import Message, message_driven
+
+# Imports in the supervisor, fails in a container process: an error only the child finds.
+if "--supervisor" in sys.argv:
+    raise RuntimeError("the licence file is missing on this host")
+
+
+@message_driven("Work", destination="W")
+def work(message: Message) -> None: ...
+"""
+
+
+def test_a_process_that_exits_2_before_it_started_stops_the_supervisor_with_its_line(
+        tmp_path: Path) -> None:
+    (tmp_path / "child_refuses.py").write_text(REFUSED_IN_CHILD)
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "listeners": ["child_refuses"]}})
+    started = time.monotonic()
+    result = mdb("run", "--processes", "2", settings=settings, cwd=tmp_path, timeout=45)
+    assert result.returncode == 2, result.stderr
+    assert time.monotonic() - started < 30, "stopped at the first refusal, no restart loop"
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mdb: error:")]
+    assert len(errors) == 1, result.stderr  # one line, not one per process
+    assert "listener module 'child_refuses' failed to import: RuntimeError: the licence file is " \
+           "missing on this host" in errors[0], errors[0]
+    assert result.stderr.rstrip().endswith(errors[0]), "the line is the last word"
+    assert "starting it again" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(("container", "ports", "culprit"), [

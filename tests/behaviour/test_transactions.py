@@ -7,6 +7,8 @@ a queue, what the container logged and what landed in the backout queue.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,10 @@ from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy import exc as sa_exc
 
 from mdbcontainer.state.store import Tables
-from mdbcontainer.testing import headers_of, wait_for
+from mdbcontainer.testing import headers_of, mdb, wait_for
 from mdbcontainer.units.single import is_infrastructure
 from mdbcontainer.wire.broker import Broker
-from tests.conftest import Backend
+from tests.conftest import ROOT, Backend, one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -216,7 +218,8 @@ def test_the_container_tables_honour_table_prefix_and_db_schema(backend: Backend
         with backend.container(settings):
             wait_for(lambda: backend.effects("Downstream"), what="the send consumed")
         tables = set(inspect(backend.engine).get_table_names(schema=own_schema))
-        assert {"acme_dedup", "acme_delivery", "acme_outbox", "acme_port", "acme_container"} <= tables
+        assert {"acme_dedup", "acme_delivery", "acme_outbox", "acme_port", "acme_container",
+                "acme_lease"} <= tables
         assert not [t for t in tables if t.startswith("mdb_")]
         if own_schema:
             business = set(inspect(backend.engine).get_table_names(schema=backend.schema))
@@ -282,3 +285,66 @@ def test_a_handler_sql_error_is_a_failed_delivery_not_a_database_outage(backend:
     assert [a[3] for a in backend.attempts()] == [0, 1]
     dead = backend.probe(settings).take_all(backend.q("DLQ"))
     assert "no_such_table" in dict(dead[0].headers)["x-mdb-exception"]
+
+
+@pytest.mark.parametrize(("port", "extra"), [
+    ("Upsert", {}),  # container-managed, one message a unit of work
+    ("UpsertBean", {}),  # bean-managed, one message
+    ("Upsert", {"batch_size": 10, "batch_linger": "300ms"}),  # container-managed batch
+    ("UpsertBatch", {"batch_size": 10, "batch_linger": "300ms"}),  # container-managed batch handler
+    ("UpsertBatch", {"batch_size": 10, "batch_linger": "300ms", "transaction": "bean"}),
+], ids=["container", "bean", "container-batch", "batch-handler", "bean-batch"])
+def test_a_database_error_the_handler_swallowed_is_never_acknowledged_as_handled(
+    backend: Backend, port: str, extra: dict[str, Any],
+) -> None:
+    """PostgreSQL aborts the transaction at the error the handler caught; COMMIT then rolls
+    back without raising. Such a unit did not commit: a failed delivery (a batch runs each
+    message alone), never acknowledged with its rows and dedup marks gone."""
+    queue = backend.q("UPSERT")
+    settings = backend.write(ports={port: {"destination": queue, "max_retries": 10, **extra}},
+                             queues={queue: {"backout_threshold": 2}})
+    ids = [f"u-{i}" for i in range(7)]
+    # Each inserts a key of its own, but u-6 inserts u-0's key again: "already there".
+    send_all(backend, settings, queue, [(f"u-{i}", {"n": i, "key": f"k-{i % 6}"}) for i in range(7)])
+    with backend.container(settings) as container:
+        wait_for(lambda: backend.probe(settings).count(queue) == 0
+                 and sum((container.port_state(port) or {}).get(k, 0) for k in ("handled", "backed_out"))
+                 == 7, timeout=30, what="every message handled or backed out")
+        row = container.port_state(port) or {}
+        log = container.output()
+    committed = backend.effects(port)
+    dead = dead_letters(backend, settings)
+    assert set(committed) | set(dead) == set(ids), f"lost: committed {committed}, backed out {list(dead)}"
+    assert not set(committed) & set(dead) and set(committed.values()) == {1}
+    assert row["handled"] == len(committed), "acknowledged as handled only with its work committed"
+    if backend.kind == "rabbitmq":  # the aborted unit failed: counted, then backed out
+        assert len(dead) == 1, list(dead)
+        exception = headers_of(next(iter(dead.values())))["x-mdb-exception"]
+        assert "TransactionAborted" in exception and "savepoint" in exception, exception
+        assert row["failed"] == 2 and row["state"] == "started", row
+    else:  # SQLite fails the statement alone: the key was there, the rest commits
+        assert dead == {} and len(committed) == 7, (list(dead), committed)
+    assert "Traceback" not in log.split("delivery failed")[0]
+
+
+def test_on_sqlite_database_timeout_bounds_the_wait_for_the_write_lock(tmp_path: Path) -> None:
+    """``database_timeout`` is SQLite's busy timeout: with the write lock held elsewhere,
+    ``mdb port stop`` gives up within it, in one line, instead of after a fixed 30 s."""
+    backend = Backend("embedded", tmp_path)
+    try:
+        settings = backend.write(ports={"Work": {"destination": backend.q("Q")}},
+                                 database_timeout="2s")
+        assert mdb("port", "start", "Work", settings=settings, env=backend.env, cwd=ROOT).returncode == 0
+        holder = sqlite3.connect(tmp_path / "container.db", isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # another writer holds the one write lock
+            began = time.monotonic()
+            result = mdb("port", "stop", "Work", settings=settings, env=backend.env, cwd=ROOT)
+            took = time.monotonic() - began
+        finally:
+            holder.close()
+    finally:
+        backend.close()
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "locked" in one_line_error(result)
+    assert took < 20, f"waited {took:.1f}s for the lock, not database_timeout (2s)"
