@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository, for a checkout without an editable install
 import listeners_bench as lb  # noqa: E402  (the script's own folder is on sys.path)
 
-from mdbcontainer.store import Tables  # noqa: E402
+from mdbcontainer.state.store import Tables  # noqa: E402
 from mdbcontainer.testing import ContainerProcess, wait_for, write_settings  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"

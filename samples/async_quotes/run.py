@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _support import Walk, main
 from sqlalchemy import create_engine, text
 
-from mdbcontainer.producer import Producer
+from mdbcontainer.sending.producer import Producer
 from mdbcontainer.testing import QueueProbe
 
 PORT = "QuotesPort"

@@ -47,11 +47,11 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from mdbcontainer.delays import wait_queues
-from mdbcontainer.producer import Producer
+from mdbcontainer.sending.producer import Producer
 from mdbcontainer.settings import QueueSettings
-from mdbcontainer.store import Tables
+from mdbcontainer.state.store import Tables
 from mdbcontainer.testing import ContainerProcess, mdb, wait_for
+from mdbcontainer.wire.delays import wait_queues
 from tests.chaos import faults
 from tests.conftest import ROOT, Backend, reachable
 

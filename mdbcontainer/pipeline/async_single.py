@@ -1,0 +1,414 @@
+"""The pipeline of a port whose handler is ``async def``: one event loop per consumer connection.
+
+The consumer's thread runs the loop and owns the connection, as a blocking
+consumer does (py-amqp is not thread-safe): it reads deliveries between the
+tasks' steps and every acknowledgment leaves from it. Each delivery is a task
+(``concurrency`` of them at most; the rest wait in arrival order), and each
+task runs the synchronous pipeline's steps: 1-6 as they are, 7 with an async
+unit of work (``units/async_single.py``), 8 as it is. See docs/architecture.md,
+"Async handlers".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import tenacity
+
+from ..handlers.registry import HandlerSpec, Invoker, Running
+from ..message import Message
+from ..support.crash import crash_point
+from ..support.logs import fields
+from ..support.retry import DEFAULT as RETRY
+from ..units.async_single import AsyncResources, AsyncUnitOfWork, async_resources, async_unit_class, dispose
+from ..units.context import MessageContext
+from ..units.single import Outcome, is_infrastructure
+from ..wire.broker import Subscription, connection_errors
+from ..wire.delivery import Delivery
+from .single import _GAVE_UP, ConsumerView, Pipeline, PortView
+
+log = logging.getLogger("mdbcontainer.pipeline")
+
+BLOCKED = 1.0  # a loop that has not come round for this long is blocked: a WARNING names the handler
+_TICK = 0.1
+_IDLE = 0.5  # the longest the loop waits for the socket before it looks at its port again
+_POLL = 0.005  # a transport without a socket (the embedded broker) is polled this often while busy
+
+
+class AsyncPipeline(Pipeline):
+    """Runs a port's deliveries as tasks on the consumer thread's own event loop."""
+
+    def __init__(self, port: PortView, consumer: ConsumerView) -> None:
+        super().__init__(port, consumer)
+        self.limit = self.settings.concurrency
+        self.async_unit = async_unit_class(self.settings.transaction, self.settings.transaction_attribute)
+        self.loop = asyncio.new_event_loop()
+        self.tasks: dict[asyncio.Task[None], Delivery] = {}
+        self.waiting: deque[Delivery] = deque()
+        self._in_unit: set[Delivery] = set()  # deliveries whose unit of work has not ended
+        self._free = [self.invoker]  # bean instances not in use: one task at a time each
+        self._invokers = [self.invoker]
+        self._units: AsyncResources | None = None
+        self._broken: BaseException | None = None
+        self._lost = False  # the channel is gone: a cancelled task records its hand-back only
+        self._waiter: asyncio.Future[None] | None = None  # the drainer waiting for the socket
+        self._shown: Running | None = None  # the call the consumer's ``running`` shows
+        self._watched = self.settings.handler_timeout.total_seconds() > 0
+        self.watchdog = Watchdog(port.name, port.spec)
+        store = self.resources.units.store
+        transactional = self.async_unit is not AsyncUnitOfWork
+        self.gate = WriteGate(store is not None and store.dialect == "sqlite" and transactional)
+
+    # -- the channel's callback --------------------------------------------
+
+    def __call__(self, delivery: Delivery) -> None:
+        """A delivery arrived (inside a drain, on the loop's thread): a task, or wait for one.
+
+        While stopping it waits too: handed back once no task holds a transaction.
+        """
+        if len(self.tasks) < self.limit and not (self.consumer.handing_back or self.port.stopping):
+            self._start(delivery)
+        else:
+            self.waiting.append(delivery)
+
+    def _start(self, delivery: Delivery) -> None:
+        if not self.tasks:
+            self.consumer.delivering_since = time.monotonic()
+        task = self.loop.create_task(self._handle(delivery))
+        self.tasks[task] = delivery
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.pop(task, None)
+        self.consumer.alive_at = time.monotonic()
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._broken = error  # the broker connection failed under the task: reconnect
+        while (self.waiting and len(self.tasks) < self.limit and self._broken is None
+               and not (self.consumer.handing_back or self.port.stopping)):
+            self._start(self.waiting.popleft())
+        if not self.tasks:
+            self.consumer.delivering_since = None
+
+    # -- one delivery --------------------------------------------------------
+
+    async def _handle(self, delivery: Delivery) -> None:
+        begun = time.monotonic()  # this delivery's: the log lines of the shared steps read _started
+        try:
+            async with self.gate.writing(delivery.redelivered or self.port.stopping):
+                self._started = begun
+                message = self._through_outages(lambda: self._prepare(delivery))  # steps 1-6
+            if message is _GAVE_UP:
+                async with self.gate.writing():
+                    self.acks.hand_back(delivery, delivery.message_id)
+            elif message is not None:
+                await self._deliver_async(delivery, message, self._argument, begun)
+        except asyncio.CancelledError:  # a stop that could not wait longer: back, uncounted
+            async with self.gate.writing():
+                self._cancelled(delivery)
+        except connection_errors():
+            raise
+        except Exception as exc:
+            self._internal_error(delivery, exc)
+
+    async def _deliver_async(self, delivery: Delivery, message: Message, argument: Any,
+                             begun: float) -> None:
+        started = time.perf_counter()
+        crash_point("before-handler")
+        outcome = await self._through_outages_async(lambda: self._run_async(delivery, message, argument))
+        writes = outcome is _GAVE_UP or outcome.kind != "handled" or bool(outcome.pending)
+        async with self.gate.writing(writes):
+            self._started = begun
+            self._conclude(delivery, message, outcome, started)  # step 8, as the synchronous pipeline's
+
+    async def _run_async(self, delivery: Delivery, message: Message, argument: Any) -> Outcome:
+        unit = self.async_unit(
+            self.port.name, message.id, self._resources(), once_only=self.once_only,
+            move_copy=lambda queue, reason: self.backout.copy(delivery, queue, reason, 0, None),
+        )
+        ctx = MessageContext(message, self.port.name, unit)
+        invoker = self._invoker()
+        self._in_unit.add(delivery)
+        try:
+            async with self.gate.transaction():
+                return await unit.arun(lambda: invoker.acall(argument, ctx))
+        finally:
+            self._in_unit.discard(delivery)
+            self._free.append(invoker)
+
+    async def _through_outages_async(self, call: Callable[[], Any]) -> Any:
+        """Hold the delivery while the database is away, as ``_through_outages`` does, awaiting."""
+        outcome = await call()
+        if outcome.kind != "infrastructure":
+            return outcome
+        self.resources.outage("database", outcome.error)
+
+        def away(state: tenacity.RetryCallState) -> None:
+            if state.outcome is not None and not state.outcome.failed:
+                self.resources.outage("database", state.outcome.result().error)
+
+        retrying = RETRY.until_stopped_async(
+            self.port.stop_event, before_sleep=away, give_up=lambda _state: _GAVE_UP,
+            retry=tenacity.retry_if_exception(is_infrastructure)
+            | tenacity.retry_if_result(lambda o: o.kind == "infrastructure"))
+        async def attempt() -> Any:  # a coroutine function: tenacity awaits only those
+            return await call()
+
+        result: Any = await retrying(attempt)
+        if result is not _GAVE_UP:
+            self.resources.recovered("database")
+        return result
+
+    def _cancelled(self, delivery: Delivery) -> None:
+        if not self._lost:  # else the broker requeues it with the channel, under the lease (counts.py)
+            self.acks.hand_back(delivery, delivery.message_id)
+
+    def _resources(self) -> AsyncResources:
+        """The async engine of this loop, made on first use (its connections belong to the loop)."""
+        if self._units is None:
+            transactional = self.async_unit is not AsyncUnitOfWork
+            self._units = async_resources(self.resources.units, self.limit, transactional)
+        return self._units
+
+    def _invoker(self) -> Invoker:
+        if self._free:
+            return self._free.pop()
+        invoker = Invoker(self.invoker.spec, self.invoker.adapter, self.invoker.takes_context)
+        self._invokers.append(invoker)
+        return invoker
+
+    # -- the consumer's loop ---------------------------------------------------
+
+    def drive(self, sub: Subscription, should_run: Callable[[], bool]) -> None:
+        """Consume on ``sub`` until ``should_run()`` turns false; then finish, or hand back."""
+        if self.invoker.running is self.consumer.running:  # each task's call has its own
+            self.invoker.running = Running()
+        self.loop.run_until_complete(self._drive(sub, should_run))
+
+    def _show_oldest(self) -> None:
+        """The consumer's ``running`` (handler_timeout, /healthz) shows the oldest call in flight."""
+        calls = [i.running for i in self._invokers if i.running.since is not None]
+        oldest = min(calls, key=lambda r: r.since or 0.0) if calls else None
+        shown = self.consumer.running
+        if oldest is None:
+            shown.since, self._shown = None, None
+        elif oldest is not self._shown or shown.since != oldest.since:
+            shown.since, shown.message_ids, shown.warned = oldest.since, oldest.message_ids, False
+            self._shown = oldest
+
+    async def _drive(self, sub: Subscription, should_run: Callable[[], bool]) -> None:
+        self._broken = None
+        ticker = self.loop.create_task(self.watchdog.ticking())
+        self.watchdog.start(threading.get_ident())
+        fd = sub.fileno()
+        if fd is not None:
+            self.loop.add_reader(fd, self._wake)
+        try:
+            while should_run():
+                if self._broken is not None:
+                    raise self._broken
+                self.consumer.alive_at = time.monotonic()
+                if self._watched:
+                    self._show_oldest()
+                read = sub.drain_ready()
+                self.tick()
+                self.acks.tick()
+                if read:
+                    await asyncio.sleep(0)  # the tasks just started take their first step
+                elif fd is not None:
+                    await self._readable()
+                elif self.tasks:
+                    await asyncio.sleep(_POLL)
+                else:
+                    sub.drain(self.wait_limit(_IDLE))
+            await self._finish(sub)
+        finally:
+            if fd is not None:
+                self.loop.remove_reader(fd)
+            ticker.cancel()
+            self.watchdog.stop()
+
+    async def _readable(self) -> None:
+        """Until the socket has something to read, or ``_IDLE`` seconds (cheaper than wait_for)."""
+        waiter = self._waiter = self.loop.create_future()
+        timer = self.loop.call_later(_IDLE, self._wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _finish(self, sub: Subscription) -> None:
+        """Graceful stop: let running tasks end within shutdown_timeout, then cancel the rest
+        (rolled back, handed back uncounted); then hand back what waits."""
+        self.consumer.handing_back = True
+        sub.cancel()  # deliveries sent before the cancel join the waiting ones
+        limit = self.resources.settings.container.shutdown_timeout.total_seconds()
+        grace = max(0.0, limit - min(1.0, limit * 0.2))  # cancel before the container gives up
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=grace)
+        if self.tasks:
+            log.warning("port %s: %d handler(s) still running after %.1fs: cancelled, rolled back "
+                        "and handed back", self.port.name, len(self.tasks), grace,
+                        extra=fields(port=self.port.name, outcome="cancelled"))
+            await self._cancel_all(only_uncommitted=True)
+        self.hand_back_gathered()
+
+    async def _cancel_all(self, *, only_uncommitted: bool = False) -> None:
+        """Cancel the running tasks (at a stop, only those whose unit of work has not ended:
+        one that committed is settled, which takes no longer than a publish)."""
+        tasks = list(self.tasks)
+        for task in tasks:
+            if not only_uncommitted or self.tasks.get(task) in self._in_unit:
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def hand_back_gathered(self) -> None:
+        waiting, self.waiting = list(self.waiting), deque()
+        for delivery in waiting:
+            self.acks.hand_back(delivery, delivery.message_id)
+
+    def release(self) -> None:
+        """The channel is gone: waiting deliveries and running tasks go back with it, uncounted
+        (the connection's lease says so, counts.py)."""
+        self.waiting = deque()
+        if self.tasks:
+            self._lost = True
+            try:
+                self.loop.run_until_complete(self._cancel_all())
+            finally:
+                self._lost = False
+        self._broken = None
+
+    def close(self) -> None:
+        """The consumer ends: tear the beans down, dispose of the async engine, close the loop."""
+        for invoker in self._invokers:
+            self.loop.run_until_complete(invoker.adiscard())
+        with suppress(Exception):
+            self.loop.run_until_complete(dispose(self._units))
+        self.loop.close()
+
+
+class WriteGate:
+    """SQLite has one writer: no synchronous write on the loop's thread while a task's
+    transaction is open (it could hold the write lock across an await, and the blocked loop
+    would never let it commit).
+
+    Transactions are the many readers of this gate, the loop's synchronous writes (step 8,
+    a redelivery's count, a hand-back) the writers, given precedence so they never starve.
+    On PostgreSQL (row locks) the gate is open.
+    """
+
+    def __init__(self, closed: bool) -> None:
+        self.closed = closed
+        self._open = 0
+        self._writers = 0
+        self._cond: asyncio.Condition | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        if not self.closed:
+            yield
+            return
+        cond = self._condition()
+        async with cond:
+            await cond.wait_for(lambda: self._writers == 0)
+            self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1
+            if self._open == 0:
+                async with cond:
+                    cond.notify_all()
+
+    @asynccontextmanager
+    async def writing(self, needed: bool = True) -> AsyncIterator[None]:
+        if not (self.closed and needed):
+            yield
+            return
+        cond = self._condition()
+        self._writers += 1
+        try:
+            async with cond:
+                await cond.wait_for(lambda: self._open == 0)
+            yield
+        finally:
+            self._writers -= 1
+            if self._writers == 0:
+                async with cond:
+                    cond.notify_all()
+
+
+class Watchdog:
+    """Warns when the port's handler blocks its event loop (a synchronous call in an async def).
+
+    A ticker task marks the loop's progress; a thread looks every tenth of a
+    second, and when the loop is more than :data:`BLOCKED` late it reads the
+    loop thread's stack: with the handler on it, one WARNING per block names it.
+    """
+
+    def __init__(self, port: str, spec: HandlerSpec) -> None:
+        self.port = port
+        self.name = spec.name if not spec.is_bean else f"{spec.name}.on_message"
+        self.code = spec.code
+        self.ticked = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._loop_thread = 0
+
+    async def ticking(self) -> None:
+        while True:
+            self.ticked = time.monotonic()
+            await asyncio.sleep(_TICK)
+
+    def start(self, loop_thread: int) -> None:
+        self._loop_thread = loop_thread
+        self._stop.clear()
+        self.ticked = time.monotonic()
+        self._thread = threading.Thread(target=self._watch, name=f"mdb-{self.port}-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(1.0)
+
+    def _watch(self) -> None:
+        warned = False
+        while not self._stop.wait(_TICK):
+            late = time.monotonic() - self.ticked
+            if late <= BLOCKED:
+                warned = False
+            elif not warned and self._handler_running():
+                warned = True
+                log.warning("port %s: handler %s blocked the event loop for %.1fs (a synchronous "
+                            "call inside an async def?): every other delivery of the port waits",
+                            self.port, self.name, late,
+                            extra=fields(port=self.port, outcome="blocked", duration=round(late, 3)))
+
+    def _handler_running(self) -> bool:
+        frame = sys._current_frames().get(self._loop_thread)
+        while frame is not None:
+            if frame.f_code is self.code:
+                return True
+            frame = frame.f_back
+        return False
