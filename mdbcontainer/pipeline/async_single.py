@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any
 
 import tenacity
@@ -60,6 +60,7 @@ class AsyncPipeline(Pipeline):
         self._broken: BaseException | None = None
         self._lost = False  # the channel is gone: a cancelled task records its hand-back only
         self._waiter: asyncio.Future[None] | None = None  # the drainer waiting for the socket
+        self._readable_now = True  # the socket said it has something (or it is time to look)
         self._shown: Running | None = None  # the call the consumer's ``running`` shows
         self._watched = self.settings.handler_timeout.total_seconds() > 0
         self.watchdog = Watchdog(port.name, port.spec)
@@ -209,7 +210,7 @@ class AsyncPipeline(Pipeline):
         self.watchdog.start(threading.get_ident())
         fd = sub.fileno()
         if fd is not None:
-            self.loop.add_reader(fd, self._wake)
+            self.loop.add_reader(fd, self._on_readable)
         try:
             while should_run():
                 if self._broken is not None:
@@ -217,7 +218,8 @@ class AsyncPipeline(Pipeline):
                 self.consumer.alive_at = time.monotonic()
                 if self._watched:
                     self._show_oldest()
-                read = sub.drain_ready()
+                read = sub.drain_ready() if self._readable_now or fd is None else 0
+                self._readable_now = False
                 self.tick()
                 self.acks.tick()
                 if read:
@@ -238,12 +240,16 @@ class AsyncPipeline(Pipeline):
     async def _readable(self) -> None:
         """Until the socket has something to read, or ``_IDLE`` seconds (cheaper than wait_for)."""
         waiter = self._waiter = self.loop.create_future()
-        timer = self.loop.call_later(_IDLE, self._wake)
+        timer = self.loop.call_later(_IDLE, self._on_readable)  # look anyway (a TLS buffer)
         try:
             await waiter
         finally:
             timer.cancel()
             self._waiter = None
+
+    def _on_readable(self) -> None:
+        self._readable_now = True
+        self._wake()
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -301,6 +307,19 @@ class AsyncPipeline(Pipeline):
         self.loop.close()
 
 
+class _Open:
+    """The gate on PostgreSQL: no wait, and no generator made per delivery."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+_OPEN = _Open()
+
+
 class WriteGate:
     """SQLite has one writer: no synchronous write on the loop's thread while a task's
     transaction is open (it could hold the write lock across an await, and the blocked loop
@@ -322,11 +341,14 @@ class WriteGate:
             self._cond = asyncio.Condition()
         return self._cond
 
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        return self._transaction() if self.closed else _OPEN
+
+    def writing(self, needed: bool = True) -> AbstractAsyncContextManager[None]:
+        return self._writing() if self.closed and needed else _OPEN
+
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
-        if not self.closed:
-            yield
-            return
+    async def _transaction(self) -> AsyncIterator[None]:
         cond = self._condition()
         async with cond:
             await cond.wait_for(lambda: self._writers == 0)
@@ -340,10 +362,7 @@ class WriteGate:
                     cond.notify_all()
 
     @asynccontextmanager
-    async def writing(self, needed: bool = True) -> AsyncIterator[None]:
-        if not (self.closed and needed):
-            yield
-            return
+    async def _writing(self) -> AsyncIterator[None]:
         cond = self._condition()
         self._writers += 1
         try:
