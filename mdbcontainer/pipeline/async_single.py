@@ -83,9 +83,21 @@ class AsyncPipeline(Pipeline):
     def _start(self, delivery: Delivery) -> None:
         if not self.tasks:
             self.consumer.delivering_since = time.monotonic()
-        task = self.loop.create_task(self._handle(delivery))
+        task = self.loop.create_task(self._serve(delivery))
         self.tasks[task] = delivery
         task.add_done_callback(self._done)
+
+    async def _serve(self, delivery: Delivery) -> None:
+        """Handle ``delivery``, then the waiting ones while there are: no task, no done-callback and
+        no loop iteration per delivery when the handler does not suspend."""
+        task = asyncio.current_task()
+        assert task is not None
+        while True:
+            await self._handle(delivery)
+            if not self.waiting or self._broken is not None or self.consumer.handing_back \
+                    or self.port.stopping:
+                return
+            delivery = self.tasks[task] = self.waiting.popleft()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.pop(task, None)
