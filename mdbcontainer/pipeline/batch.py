@@ -1,4 +1,4 @@
-"""The batch path of the pipeline (contract section 8): gather, run, settle, or fall back.
+"""The batch path of the pipeline (README: Batches): gather, run, settle, or fall back.
 
 A batched port's consumer runs steps 1-6 of the per-delivery pipeline on
 each delivery as it arrives; the deliveries that pass them are gathered
@@ -29,10 +29,11 @@ from typing import Any, Protocol
 from ..errors import PublishError
 from ..message import Message
 from ..support.crash import crash_point
+from ..support.failures import describe
 from ..support.outgoing import Outgoing
 from ..units.batch import BatchItem, BatchOutcome, BatchRunner
 from ..units.single import Outcome
-from ..wire.broker import Publish, connection_errors, describe
+from ..wire.broker import Publish, connection_errors
 from ..wire.delivery import Delivery
 from .single import _GAVE_UP, ConsumerView, Pipeline, PortView
 

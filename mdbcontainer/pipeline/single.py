@@ -1,4 +1,4 @@
-"""The per-delivery pipeline, step by step, as contract section 4 reads.
+"""The per-delivery pipeline, step by step, as the README's guarantees read (docs/architecture.md walks it).
 
 1. hand back        a stopping consumer returns what it was still sent
 2. expire           an expired message never reaches the handler
@@ -32,15 +32,15 @@ from ..errors import PublishError
 from ..handlers.registry import HandlerSpec, Invoker
 from ..message import InvalidBody, Message, accepted, body_hash_id
 from ..settings import PortSettings, QueueSettings
-from ..state.counts import exception_text
 from ..support.crash import crash_point
+from ..support.failures import describe, exception_text
 from ..support.logs import fields
 from ..support.outgoing import Outgoing
 from ..support.retry import DEFAULT as RETRY
 from ..support.retry import RetryCondition
 from ..units.context import MessageContext
 from ..units.single import Outcome, is_infrastructure, unit_class
-from ..wire.broker import Publisher, connection_errors, describe
+from ..wire.broker import Publisher, connection_errors
 from ..wire.delays import Delays, came_back, carried_failure, left_after
 from ..wire.delivery import Delivery, envelope
 from .acknowledge import Acknowledger

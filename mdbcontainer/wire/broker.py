@@ -25,6 +25,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from ..errors import BrokerUnavailable, PublishError, QueueUnavailable, Unroutable
 from ..settings import EMBEDDED_DEFAULT_FILE, Settings, broker_urls, mask_url
+from ..support.failures import describe as describe  # also importable from here, as before
 from ..support.retry import DEFAULT as RETRY
 from .delays import wait_queues
 from .delivery import Delivery
@@ -588,7 +589,7 @@ class _ExclusiveQueue(kombu.Queue):  # type: ignore[misc]
 
 
 class Subscription:
-    """One consumer: its own connection, channel, prefetch and queue (contract: a thread each).
+    """One consumer: its own connection, channel, prefetch and queue (README: Processes and threads).
 
     ``exclusive``: the one active subscriber of a durable subscription (a second
     one gets SubscriptionInUse). ``transacted``: the channel is in AMQP
@@ -731,14 +732,3 @@ def broker_refused(exc: BaseException) -> bool:
     """The broker refused the URL's user, password (ACCESS_REFUSED) or vhost (NOT_ALLOWED)."""
     refusals = (AccessRefused, NotAllowed)
     return isinstance(exc, refusals) or isinstance(exc.__cause__, refusals)
-
-
-def describe(exc: BaseException | None) -> str:
-    """An exception as one line, with any URL password masked."""
-    if exc is None:
-        return "unknown error"
-    orig = getattr(exc, "orig", None)  # SQLAlchemy wraps the driver's error: show the database's text
-    if isinstance(orig, BaseException):
-        exc = orig
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return mask_url(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
