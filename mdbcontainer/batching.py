@@ -72,6 +72,7 @@ class BatchPipeline(Pipeline):
 
     def _deliver(self, delivery: Delivery, message: Message) -> None:
         """Steps 1-6 passed: the delivery joins the batch being gathered."""
+        self._span.drop()  # the batch's span stands for it
         if not self._gathered:
             self._first_at = time.monotonic()
         self._gathered.append(_Gathered(delivery, message, self._argument))
@@ -119,6 +120,7 @@ class BatchPipeline(Pipeline):
             if len(batch) == 1:  # alone already: the per-message path, exactly
                 self._alone(batch[0])
             else:
+                self._span = self.tracing.batch([item.delivery for item in batch])
                 self._run_batch(batch)
         except connection_errors():
             raise  # the broker is gone: the consumer reconnects; the broker requeues
@@ -129,6 +131,7 @@ class BatchPipeline(Pipeline):
                     self.acks.failed(item.delivery)
             self.port.stop_for_failures(batch[0].message.id, exc, internal=True)
         finally:
+            self._span.end()
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
 
@@ -158,6 +161,7 @@ class BatchPipeline(Pipeline):
         """Roll back (done), count nothing, and run each message alone in its own unit of work."""
         self.batch_port.record_fallback()
         self.resources.metrics.batch_fallback(self.port.name)
+        self.tracing.failed(outcome.error)
         if outcome.kind == "failed":
             log.warning("port %s: a batch of %d rolled back (%s); running each message alone",
                         self.port.name, len(batch), describe(outcome.error))
@@ -174,7 +178,12 @@ class BatchPipeline(Pipeline):
 
     def _alone(self, item: _Gathered) -> None:
         self._argument = item.argument
-        super()._deliver(item.delivery, item.message)
+        span = self.tracing.process(item.delivery)  # alone: the message's own span
+        try:
+            self.tracing.counted(item.message.redelivery_count)
+            super()._deliver(item.delivery, item.message)
+        finally:
+            span.end()
 
     def _run(self, delivery: Delivery, message: Message) -> Outcome:
         """One message alone: a batch handler gets a list of one; a per-message one runs as ever."""

@@ -44,6 +44,7 @@ from .resources import SharedResources
 from .retry import DEFAULT as RETRY
 from .retry import RetryCondition
 from .settings import PortSettings, QueueSettings
+from .tracing import NOTHING, Active
 from .transactions import Outcome, is_infrastructure, unit_class
 
 log = logging.getLogger("mdbcontainer.pipeline")
@@ -116,6 +117,8 @@ class Pipeline:
                                publish=consumer.publish, discard=self.acks.discard)
         self._started = time.monotonic()  # of the current delivery, for its log lines
         self._argument: Any = None
+        self.tracing = port.resources.broker.tracing.for_port(port.name, port.settings.topic or port.queue)
+        self._span: Active = NOTHING  # the current delivery's (tracing.py)
 
     # -- the pipeline ------------------------------------------------------
 
@@ -123,6 +126,7 @@ class Pipeline:
         """Process one delivery, marked in flight for /healthz and the in-flight gauge."""
         consumer = self.consumer
         consumer.delivering_since = self._started = time.monotonic()
+        self._span = self.tracing.process(delivery)
         try:
             if self._through_outages(lambda: self._process(delivery)) is _GAVE_UP:
                 self.acks.hand_back(delivery, delivery.message_id)
@@ -131,6 +135,7 @@ class Pipeline:
         except Exception as exc:
             self._internal_error(delivery, exc)
         finally:
+            self._span.end()
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
 
@@ -197,6 +202,7 @@ class Pipeline:
         count, last_error = self._count(delivery, message_id)
         if count is None:
             return
+        self.tracing.counted(count)
         if self.threshold and count >= self.threshold:
             self._back_out(delivery, REASON_THRESHOLD, count, last_error)
             self.port.after_backout()
@@ -302,6 +308,7 @@ class Pipeline:
 
     def _failed(self, delivery: Delivery, message: Message, outcome: Outcome) -> None:
         assert outcome.error is not None
+        self.tracing.failed(outcome.error)
         if self.acks.consumed(delivery):  # ctx.acknowledge() came before the failure
             self._failed_consumed(message, outcome.error)
             return
