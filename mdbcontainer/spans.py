@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Generic
+from typing import Any, Generic, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -33,8 +33,42 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from .errors import SettingsError
 from .outgoing import Outgoing
-from .tracing import E, P, PortTracing, Received, Tracing, text_headers
 
+
+class _Received(Protocol):
+    """What a process span reads of a delivery (``tracing.Received``)."""
+
+    @property
+    def headers(self) -> dict[str, Any]: ...
+
+    @property
+    def properties(self) -> dict[str, Any]: ...
+
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def routing_key(self) -> str: ...
+
+
+class _Publishable(Protocol):
+    """One item of a publish of several (``tracing.Publishable``)."""
+
+    @property
+    def exchange(self) -> str: ...
+
+    @property
+    def routing_key(self) -> str: ...
+
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def properties(self) -> dict[str, Any]: ...
+
+
+P = TypeVar("P", bound=_Publishable)
+E = TypeVar("E")
 SYSTEM = "rabbitmq"
 # A batch span shows its worst outcome; a delivery, the last (a failure that backs out shows that).
 _RANK = {"handled": 0, "duplicate_skipped": 1, "expired": 2, "failed": 3, "invalid_body": 4,
@@ -72,8 +106,12 @@ def _fail(span: Span, error: BaseException) -> None:
 
 
 def _parent(headers: dict[str, Any]) -> otel_context.Context:
-    """The context a message carries (an empty one, a new trace, when it carries none)."""
-    return propagate.extract(text_headers(headers), context=otel_context.Context())
+    """The context a message carries (an empty one, a new trace, when it carries none).
+
+    Only text headers: a producer's binary or numeric ``traceparent`` is no context.
+    """
+    text = {key: value for key, value in headers.items() if isinstance(value, str)}
+    return propagate.extract(text, context=otel_context.Context())
 
 
 def _message_attributes(properties: dict[str, Any], body: bytes, routing_key: str) -> dict[str, Any]:
@@ -89,7 +127,7 @@ def _message_attributes(properties: dict[str, Any], body: bytes, routing_key: st
     return attributes
 
 
-class OtelPortTracing(PortTracing):
+class OtelPortTracing:
     """The spans of one port's deliveries."""
 
     def __init__(self, tracer: trace.Tracer, port: str, destination: str) -> None:
@@ -102,7 +140,7 @@ class OtelPortTracing(PortTracing):
         return {"messaging.operation.type": "process", "messaging.operation.name": "process",
                 "messaging.destination.name": self.destination, "mdb.port": self.port}
 
-    def process(self, received: Received) -> _Current:
+    def process(self, received: _Received) -> _Current:
         parent = _parent(received.headers)
         attributes = _message_attributes(received.properties, received.body, received.routing_key)
         attributes.update(self._attributes())
@@ -110,7 +148,7 @@ class OtelPortTracing(PortTracing):
                                       attributes=attributes)
         return _Current(span, parent)
 
-    def batch(self, received: Sequence[Received]) -> _Current:
+    def batch(self, received: Sequence[_Received]) -> _Current:
         links = []
         for item in received:
             context = trace.get_current_span(_parent(item.headers)).get_span_context()
@@ -132,7 +170,7 @@ class OtelPortTracing(PortTracing):
             _fail(trace.get_current_span(), error)
 
 
-class OtelTracing(Tracing):
+class OtelTracing:
     """Spans through the process's tracer provider."""
 
     enabled = True

@@ -10,7 +10,7 @@ trace then holds is in the README, "Tracing".
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -118,16 +118,14 @@ class _Untraced:
         return errors
 
 
-class PortTracing:
-    """The hooks of one port's pipeline, bound to its name and destination; no-ops here."""
+class PortTracing(Protocol):
+    """The hooks of one port's pipeline, bound to its name and destination."""
 
     def process(self, received: Received) -> Active:
         """Start the span of one delivery, current until it ends."""
-        return NOTHING
 
     def batch(self, received: Sequence[Received]) -> Active:
         """Start the one span of a batch, linked to every message's context."""
-        return NOTHING
 
     def counted(self, count: int) -> None:
         """The delivery's redelivery count, once known."""
@@ -136,35 +134,68 @@ class PortTracing:
         """The delivery (or batch) failed with ``error``."""
 
 
-class Tracing:
-    """The hooks, as tracing off has them: each does nothing, and imports nothing."""
+class Tracing(Protocol):
+    """The hooks of the broker seam and the outbox, and the pipeline's (:meth:`for_port`)."""
 
-    enabled = False
+    enabled: bool
 
     def for_port(self, port: str, destination: str) -> PortTracing:
         """The pipeline's hooks for port ``port`` reading ``destination`` (a queue or a topic)."""
-        return _NO_PORT
 
     def outcome(self, outcome: str) -> None:
         """What became of the current delivery: ``mdb.outcome`` of the current span."""
 
     def carry(self, message: Outgoing) -> Outgoing:
         """The message with the current trace context in its headers, for an outbox row."""
-        return message
 
     def publishing(self, exchange: str, routing_key: str, body: bytes,
                    properties: dict[str, Any]) -> AbstractContextManager[dict[str, Any]]:
         """Around one publish: yields the properties to send (with a ``traceparent`` when on)."""
-        return _Same(properties)
 
     def publishing_many(self, items: list[P]) -> AbstractContextManager[Published[P]]:
         """Around a publish of several: yields the items to send, and takes back their errors."""
+
+
+class _OffPort:
+    """A port's hooks with tracing off."""
+
+    def process(self, received: Received) -> Active:
+        return NOTHING
+
+    def batch(self, received: Sequence[Received]) -> Active:
+        return NOTHING
+
+    def counted(self, count: int) -> None:
+        pass
+
+    def failed(self, error: BaseException | None) -> None:
+        pass
+
+
+class _Off:
+    """Tracing off: every hook does nothing, and nothing of opentelemetry is imported."""
+
+    enabled = False
+
+    def for_port(self, port: str, destination: str) -> PortTracing:
+        return _OFF_PORT
+
+    def outcome(self, outcome: str) -> None:
+        pass
+
+    def carry(self, message: Outgoing) -> Outgoing:
+        return message
+
+    def publishing(self, exchange: str, routing_key: str, body: bytes,
+                   properties: dict[str, Any]) -> AbstractContextManager[dict[str, Any]]:
+        return _Same(properties)
+
+    def publishing_many(self, items: list[P]) -> AbstractContextManager[Published[P]]:
         return _Same(_Untraced(items))
 
 
-_NO_PORT = PortTracing()
-OFF = Tracing()
-
+_OFF_PORT = _OffPort()
+OFF: Tracing = _Off()
 
 
 def tracing_for(settings: Settings) -> Tracing:
@@ -183,8 +214,3 @@ def tracing_for(settings: Settings) -> Tracing:
             f"pip install 'mdbcontainer[otel]' ({exc.name or 'opentelemetry'} is not installed)"
         ) from exc
     return spans.configured()
-
-
-def text_headers(headers: Mapping[str, Any]) -> dict[str, str]:
-    """The text headers of a message: a producer's binary or numeric ``traceparent`` is no context."""
-    return {key: value for key, value in headers.items() if isinstance(value, str)}
