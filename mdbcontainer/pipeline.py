@@ -187,6 +187,7 @@ class Pipeline:
     def _internal_error(self, delivery: Delivery, exc: Exception) -> None:
         """A fault of the container itself (not the handler): requeue and stop the port, visibly."""
         log.exception("port %s: container error on message %s", self.port.name, delivery.message_id)
+        self.tracing.failed(exc)
         self.acks.failed(delivery)
         self.port.stop_for_failures(str(delivery.message_id), exc, internal=True)
 

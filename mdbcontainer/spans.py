@@ -33,6 +33,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from .errors import SettingsError
 from .outgoing import Outgoing
+from .settings import mask_url
 
 
 class _Received(Protocol):
@@ -100,9 +101,11 @@ class _Current:
 
 
 def _fail(span: Span, error: BaseException) -> None:
+    """``error.type`` and an ERROR status with the error's first line (any URL password masked)."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     span.set_attribute("error.type", type(error).__name__)
-    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {text}" if text else None))
+    span.set_status(Status(StatusCode.ERROR, mask_url(f"{type(error).__name__}: {text}" if text else
+                                                      type(error).__name__)))
 
 
 def _parent(headers: dict[str, Any]) -> otel_context.Context:

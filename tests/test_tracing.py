@@ -300,7 +300,8 @@ print(loaded)
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_tracing_on_without_the_extra_is_a_one_line_error(tmp_path: Path, backend: Backend) -> None:
+def test_tracing_on_without_the_extra_is_a_one_line_error(tmp_path: Path) -> None:
+    backend = Backend("embedded", tmp_path)  # the error comes before any connection
     queue = backend.q("PLAIN")
     settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
     missing = tmp_path / "site"
@@ -308,6 +309,20 @@ def test_tracing_on_without_the_extra_is_a_one_line_error(tmp_path: Path, backen
     (missing / "opentelemetry" / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'opentelemetry'\", name='opentelemetry')\n")
     env = {**backend.env, "PYTHONPATH": f"{missing}{os.pathsep}{ROOT}", "MDB_CONTAINER__TRACING": "true"}
-    for command in (["send", queue, "{}"], ["run"]):
+    for command in (["send", queue, "{}"], ["run"], ["check"]):
         line = one_line_error(mdb(*command, settings=settings, env=env, cwd=ROOT), code=2)
         assert "container.tracing" in line and "mdbcontainer[otel]" in line, line
+
+
+def test_a_message_with_a_broken_traceparent_is_handled_in_a_new_trace(
+        backend: Backend, collector: Collector) -> None:
+    queue = backend.q("ORDERS")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    with container(backend, collector, settings) as c:
+        with backend.producer(settings) as producer:  # tracing off here: the headers go as given
+            producer.send(queue, {"n": 1}, message_id="broken",
+                          headers={"traceparent": "00-not-a-context-01", "tracestate": 7})
+        span = wait_for(lambda: collector.one(f"process {queue}"), what="the process span")
+        wait_for(lambda: (c.port_state("Work") or {}).get("handled") == 1, what="handled")
+    assert span.parent == "" and span.attributes["mdb.outcome"] == "handled"
+    assert span.attributes["messaging.message.id"] == "broken"
