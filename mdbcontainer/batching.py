@@ -161,8 +161,8 @@ class BatchPipeline(Pipeline):
         """Roll back (done), count nothing, and run each message alone in its own unit of work."""
         self.batch_port.record_fallback()
         self.resources.metrics.batch_fallback(self.port.name)
-        self.tracing.failed(outcome.error)
         if outcome.kind == "failed":
+            self.tracing.failed(outcome.error)
             log.warning("port %s: a batch of %d rolled back (%s); running each message alone",
                         self.port.name, len(batch), describe(outcome.error))
         else:  # bean-managed: a message of the batch was claimed already

@@ -169,8 +169,12 @@ class OtelPortTracing:
         trace.get_current_span().set_attribute("mdb.redelivery_count", count)
 
     def failed(self, error: BaseException | None) -> None:
+        """``error.type``; and ``mdb.outcome = failed`` until the pipeline records what followed."""
+        span = trace.get_current_span()
         if error is not None:
-            _fail(trace.get_current_span(), error)
+            _fail(span, error)
+        if "mdb.outcome" not in (getattr(span, "attributes", None) or {}):
+            span.set_attribute("mdb.outcome", "failed")
 
 
 class OtelTracing:

@@ -9,6 +9,7 @@ backend would show: span names, kinds, parents, links and attributes.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -212,7 +213,10 @@ def test_a_backout_shows_each_failure_and_the_move_in_the_message_trace(
         wait_for(lambda: (c.port_state("Work") or {}).get("backed_out") == 1, what="the backout")
         move = wait_for(lambda: collector.one(f"publish {backend.q('DLQ')}"), what="the move's span")
         wait_for(lambda: len(collector.named(f"process {orders}")) == 2, what="two process spans")
-    moved = backend.probe(settings).take_all(backend.q("DLQ"))[0]
+    shown = mdb("dlq", "show", "poison", "--json", settings=settings, env=backend.env, cwd=ROOT)
+    assert shown.returncode == 0, shown.stderr
+    [entry] = json.loads(shown.stdout)
+    headers = entry["headers"]
 
     publish = collector.one(f"publish {orders}")
     assert publish is not None
@@ -225,10 +229,19 @@ def test_a_backout_shows_each_failure_and_the_move_in_the_message_trace(
     assert (second.attributes["mdb.outcome"], second.attributes["mdb.redelivery_count"]) == ("backed_out", 1)
     assert move.parent == second.span_id and move.kind == PRODUCER
     assert move.attributes["messaging.message.id"] == "poison"
-    headers = headers_of(moved)
     assert headers["traceparent"].split("-")[1:3] == [publish.trace_id, move.span_id], \
         "the backed-out copy names the move's span"
     assert headers["x-mdb-backout-reason"] == "backout-threshold", "the other headers are kept"
+
+    replayed = mdb("dlq", "replay", "poison", settings=settings, cwd=ROOT,
+                   env={**backend.env, **collector.env("cli")})
+    assert replayed.returncode == 0, replayed.stderr
+    replay = wait_for(lambda: [s for s in collector.named(f"publish {orders}") if s.parent],
+                      what="the replay's span")[0]
+    assert (replay.trace_id, replay.parent) == (publish.trace_id, move.span_id), \
+        "a replay joins the trace the message was backed out of"
+    [again] = backend.probe(settings).take_all(orders)
+    assert headers_of(again)["traceparent"].split("-")[1:3] == [publish.trace_id, replay.span_id]
 
 
 def test_a_batch_is_one_process_span_linked_to_each_message(backend: Backend, collector: Collector) -> None:
