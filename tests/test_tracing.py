@@ -287,6 +287,27 @@ def test_a_send_relayed_after_a_crash_stays_in_the_handlers_trace(
     assert done.trace_id == trace_id and done.parent == relay.span_id
 
 
+def test_a_row_left_with_tracing_off_is_relayed_with_tracing_on_in_a_trace_of_its_own(
+        backend: Backend, collector: Collector) -> None:
+    """Turning tracing on keeps the outbox working: a row without a context starts a new trace."""
+    orders, shipping = backend.q("ORDERS"), backend.q("SHIPPING")
+    settings = backend.write(ports={"Work": {"destination": orders},
+                                    "Downstream": {"destination": shipping}},
+                             queues={orders: {}, shipping: {}})
+    untraced = {**backend.env, "MDB_CRASH_AT": "after-commit",
+                "MDB_CRASH_ONCE_FILE": str(backend.tmp / "crashed")}
+    crashing = ContainerProcess(settings, env=untraced, cwd=ROOT)
+    with crashing, backend.producer(settings) as producer:
+        producer.send(orders, {"n": 1, "action": "send", "to": shipping}, message_id="old")
+        assert crashing.wait_exit(60) == -9
+    with container(backend, collector, settings):
+        done = wait_for(lambda: collector.one(f"process {shipping}"), timeout=40,
+                        what="the relayed message's process span")
+    relay = collector.one(f"publish {shipping}")
+    assert relay is not None and relay.parent == "" and relay.attributes["messaging.message.id"] == "old.out"
+    assert done.parent == relay.span_id and done.attributes["mdb.outcome"] == "handled"
+
+
 def test_tracing_off_imports_no_opentelemetry(backend: Backend, tmp_path: Path) -> None:
     """A publish and a delivery with tracing off load no module of opentelemetry."""
     queue = backend.q("PLAIN")
