@@ -261,6 +261,31 @@ def test_a_batch_is_one_process_span_linked_to_each_message(backend: Backend, co
     assert len(collector.named(f"process {queue}")) == 1, "one span for the batch, none per message"
 
 
+def test_a_batch_that_falls_back_shows_its_failure_and_each_message_alone(
+        backend: Backend, collector: Collector) -> None:
+    queue = backend.q("BATCH")
+    settings = backend.write(ports={"BatchWork": {"destination": queue, "batch_size": 3,
+                                                  "batch_linger": "20s", "max_retries": 5}},
+                             queues={queue: {"backout_threshold": 1}})
+    with container(backend, collector, settings, MDB_TEST_BATCHES=str(backend.tmp / "batches.log")):
+        for name, action in (("a", "ok"), ("poison", "fail"), ("c", "ok")):
+            send(backend, collector, settings, queue, f'{{"n": 1, "action": "{action}"}}', "--id", name)
+        wait_for(lambda: len(collector.named(f"process {queue}")) == 4, what="the batch and 3 alone")
+    publishes = {s.attributes["messaging.message.id"]: s for s in collector.named(f"publish {queue}")}
+    [batch] = [s for s in collector.named(f"process {queue}") if "messaging.batch.message_count" in s.attributes]
+    assert batch.attributes["error.type"] == "RuntimeError" and batch.status == 2
+    assert batch.attributes["mdb.outcome"] == "failed" and len(batch.links) == 3
+    alone = {s.attributes["messaging.message.id"]: s for s in collector.named(f"process {queue}")
+             if s is not batch}
+    assert sorted(alone) == ["a", "c", "poison"]
+    for name, span in alone.items():
+        assert (span.trace_id, span.parent) == (publishes[name].trace_id, publishes[name].span_id), \
+            "run alone, each message is processed in its own trace"
+    assert [alone[n].attributes["mdb.outcome"] for n in ("a", "poison", "c")] == \
+        ["handled", "backed_out", "handled"]
+    assert alone["poison"].attributes["error.type"] == "RuntimeError"
+
+
 def test_a_send_relayed_after_a_crash_stays_in_the_handlers_trace(
         backend: Backend, collector: Collector) -> None:
     orders, shipping = backend.q("ORDERS"), backend.q("SHIPPING")
