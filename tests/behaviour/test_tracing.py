@@ -339,8 +339,8 @@ def test_tracing_off_imports_no_opentelemetry(backend: Backend, tmp_path: Path) 
     settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
     script = f"""
 import sys, threading
-from mdbcontainer.container import Container
-from mdbcontainer.producer import Producer
+from mdbcontainer.runtime.container import Container
+from mdbcontainer.sending.producer import Producer
 from mdbcontainer.settings import load_settings
 from mdbcontainer.testing import wait_for
 settings = load_settings({str(settings)!r})
