@@ -206,7 +206,7 @@ def check(config: ConfigOption = None) -> None:
     settings = settings_for(config)
     bindings = guarded(lambda: bind(settings))
     guarded(lambda: load_metadata(settings))
-    caps = Broker(settings).capabilities
+    caps = guarded(lambda: Broker(settings)).capabilities  # tracing on needs its extra
     for binding in bindings:
         guarded(partial(check_mode, settings.source, binding.name, binding.settings.acknowledge, caps))
     if settings.container.processes > 1:  # what the supervisor refuses (a durable port, metrics ports)

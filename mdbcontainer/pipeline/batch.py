@@ -74,6 +74,7 @@ class BatchPipeline(Pipeline):
 
     def _deliver(self, delivery: Delivery, message: Message) -> None:
         """Steps 1-6 passed: the delivery joins the batch being gathered."""
+        self._span.drop()  # the batch's span stands for it
         if not self._gathered:
             self._first_at = time.monotonic()
         self._gathered.append(_Gathered(delivery, message, self._argument))
@@ -124,6 +125,7 @@ class BatchPipeline(Pipeline):
             if len(batch) == 1:  # alone already: the per-message path, exactly
                 self._alone(batch[0])
             else:
+                self._span = self.tracing.batch([item.delivery for item in batch])
                 self._run_batch(batch)
         except connection_errors():
             raise  # the broker is gone: the consumer reconnects; the broker requeues
@@ -134,6 +136,7 @@ class BatchPipeline(Pipeline):
                     self.acks.failed(item.delivery)
             self.port.stop_for_failures(batch[0].message.id, exc, internal=True)
         finally:
+            self._span.end()
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
 
@@ -169,6 +172,7 @@ class BatchPipeline(Pipeline):
         self.batch_port.record_fallback()
         self.resources.metrics.batch_fallback(self.port.name)
         if outcome.kind == "failed":
+            self.tracing.failed(outcome.error)
             log.warning("port %s: a batch of %d rolled back (%s); running each message alone",
                         self.port.name, len(batch), describe(outcome.error))
         else:  # a message of the batch was claimed already (bean-managed, or claimed last)
@@ -184,7 +188,12 @@ class BatchPipeline(Pipeline):
 
     def _alone(self, item: _Gathered) -> None:
         self._argument = item.argument
-        super()._deliver(item.delivery, item.message)
+        span = self.tracing.process(item.delivery)  # alone: the message's own span
+        try:
+            self.tracing.counted(item.message.redelivery_count)
+            super()._deliver(item.delivery, item.message)
+        finally:
+            span.end()
 
     def _run(self, delivery: Delivery, message: Message) -> Outcome:
         """One message alone: a batch handler gets a list of one; a per-message one runs as ever."""

@@ -38,6 +38,7 @@ from ..support.logs import fields
 from ..support.outgoing import Outgoing
 from ..support.retry import DEFAULT as RETRY
 from ..support.retry import RetryCondition
+from ..support.tracing import NOTHING, Active
 from ..units.context import MessageContext
 from ..units.single import Outcome, is_infrastructure, unit_class
 from ..wire.broker import Publisher, connection_errors
@@ -119,6 +120,8 @@ class Pipeline:
                              publish=consumer.publish, discard=self.acks.discard)
         self._started = time.monotonic()  # of the current delivery, for its log lines
         self._argument: Any = None
+        self.tracing = port.resources.broker.tracing.for_port(port.name, port.settings.topic or port.queue)
+        self._span: Active = NOTHING  # the current delivery's (tracing.py)
 
     # -- the pipeline ------------------------------------------------------
 
@@ -126,6 +129,7 @@ class Pipeline:
         """Process one delivery, marked in flight for /healthz and the in-flight gauge."""
         consumer = self.consumer
         consumer.delivering_since = self._started = time.monotonic()
+        self._span = self.tracing.process(delivery)
         try:
             if self._through_outages(lambda: self._process(delivery)) is _GAVE_UP:
                 self.acks.hand_back(delivery, delivery.message_id)
@@ -134,6 +138,7 @@ class Pipeline:
         except Exception as exc:
             self._internal_error(delivery, exc)
         finally:
+            self._span.end()
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
 
@@ -185,6 +190,7 @@ class Pipeline:
     def _internal_error(self, delivery: Delivery, exc: Exception) -> None:
         """A fault of the container itself (not the handler): requeue and stop the port, visibly."""
         log.exception("port %s: container error on message %s", self.port.name, delivery.message_id)
+        self.tracing.failed(exc)
         self.acks.failed(delivery)
         self.port.stop_for_failures(str(delivery.message_id), exc, internal=True)
 
@@ -200,6 +206,7 @@ class Pipeline:
         count, last_error = self._count(delivery, message_id)
         if count is None:
             return
+        self.tracing.counted(count)
         if self.threshold and count >= self.threshold:
             self._back_out(delivery, REASON_THRESHOLD, count, last_error)
             self.port.after_backout()
@@ -318,6 +325,7 @@ class Pipeline:
 
     def _failed(self, delivery: Delivery, message: Message, outcome: Outcome) -> None:
         assert outcome.error is not None
+        self.tracing.failed(outcome.error)
         if self.acks.consumed(delivery):  # ctx.acknowledge() came before the failure
             self._failed_consumed(message, outcome.error)
             return

@@ -225,6 +225,7 @@ class ListenerPort:
     # -- Maximum retries ---------------------------------------------------
 
     def record(self, outcome: str) -> None:
+        self.resources.broker.tracing.outcome(outcome)
         with self._lock:
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
             self.stats.delivered += outcome != "expired"
