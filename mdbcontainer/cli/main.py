@@ -102,13 +102,13 @@ def guarded(action: Callable[[], T]) -> T:
     except MdbError as exc:  # the class knows its exit code: 2 for settings and listeners
         fail(str(exc), exc.exit_code)
     except OSError as exc:  # a folder or file the command needs (a SQLite database's, a TLS file)
-        from ..wire.broker import describe
+        from ..support.failures import describe
 
         fail(f"{exc.filename}: {exc.strerror}" if exc.filename else describe(exc), 1)
     except Exception as exc:  # the database is away or refused: one line, not a traceback
         if not _from_sqlalchemy(exc):
             raise
-        from ..wire.broker import describe
+        from ..support.failures import describe
 
         fail(f"database: {describe(exc)}", 1)
 
@@ -206,7 +206,7 @@ def check(config: ConfigOption = None) -> None:
     settings = settings_for(config)
     bindings = guarded(lambda: bind(settings))
     guarded(lambda: load_metadata(settings))
-    caps = Broker(settings).capabilities
+    caps = guarded(lambda: Broker(settings)).capabilities  # tracing on needs its extra
     for binding in bindings:
         guarded(partial(check_mode, settings.source, binding.name, binding.settings.acknowledge, caps))
     if settings.container.processes > 1:  # what the supervisor refuses (a durable port, metrics ports)

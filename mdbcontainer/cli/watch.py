@@ -28,8 +28,9 @@ from ..operations.ports import batch_figures
 from ..settings import Settings
 from ..state.control import Control
 from ..state.store import Store
+from ..support.failures import describe
 from ..support.terminal import Column, fit
-from ..wire.broker import Broker, connection_errors, describe
+from ..wire.broker import Broker, connection_errors
 from ..wire.queues import QueueSession
 
 REFRESH = 1.0

@@ -38,8 +38,8 @@ from ..runtime.endpoints import STOPPED_BY_OPERATOR
 from ..settings import Settings, format_duration
 from ..state.history import History
 from ..state.store import Store
+from ..support.failures import describe
 from ..support.logs import mask_secrets
-from ..wire.broker import describe
 from .fleet import BUCKET, WINDOW, Chart, Fleet
 from .security import (
     CSRF_FIELD,

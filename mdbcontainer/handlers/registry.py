@@ -85,7 +85,7 @@ def message_driven(port: str, *, batch: bool = False, **port_defaults: Any) -> C
     one parameter; the container checks this when it binds the handler.
 
     ``batch=True`` marks a batch handler: its first parameter is ``list[X]``
-    and it is called once per batch (contract section 8).
+    and it is called once per batch (README: Batches).
 
     A class is a bean: ``setup()`` runs once per instance, ``on_message(message,
     ctx)`` per delivery, ``teardown()`` when the instance is discarded (after it

@@ -84,8 +84,8 @@ def _verify_database(settings: Settings) -> str | None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from ..state.store import make_engine
+    from ..support.failures import describe
     from ..units.single import database_refused
-    from ..wire.broker import describe
 
     url = settings.container.database_url
     if make_url(url).get_backend_name() == "sqlite":  # a file of ours: nothing to refuse

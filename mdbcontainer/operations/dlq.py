@@ -38,9 +38,10 @@ from ..pipeline.backout import REASON_INVALID, REASON_MISSING_ID, REASON_THRESHO
 from ..settings import Settings
 from ..state.history import record_cli
 from ..support.crash import crash_point
+from ..support.failures import describe
 from ..support.outgoing import Outgoing
 from ..support.terminal import Column, fit
-from ..wire.broker import Broker, Publisher, connection_errors, describe
+from ..wire.broker import Broker, Publisher, connection_errors
 from ..wire.delivery import Delivery, HeldMessages
 from ..wire.queues import Browsed, QueueSession
 
@@ -85,7 +86,7 @@ class DeadLetter:
         return text if len(text) <= SUMMARY_WIDTH else text[: SUMMARY_WIDTH - 1] + "…"
 
     def to_json(self) -> dict[str, Any]:
-        """The ``mdb dlq list --json`` object of the contract, plus queue and encodings."""
+        """The ``mdb dlq list --json`` object (README: The mdb command), plus queue and encodings."""
         body, encoding = decode_for_display(self.body, self.content_type)
         count = self.headers.get("x-mdb-redelivery-count")
         return {

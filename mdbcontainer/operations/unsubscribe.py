@@ -1,10 +1,10 @@
-"""Durable subscriptions (seed 001, 5.2.1): one active subscriber each, and ``mdb unsubscribe``.
+"""Durable subscriptions: one active subscriber each, and ``mdb unsubscribe``.
 
 A durable subscription is the durable queue ``CLIENT_ID.SUBSCRIPTION`` bound
-to its topic (contract section 6): it keeps what is published while its
+to its topic (README: JMS reliability mechanisms): it keeps what is published while its
 container is down, until ``mdb unsubscribe`` deletes it. A non-durable one is
 an auto-delete queue that goes with its consumers, so what is published while
-it is closed is lost (the seed's figure 5.1).
+it is closed is lost (the README's JMS section).
 
 JMS allows one active subscriber per durable subscription. On RabbitMQ the
 container consumes with ``exclusive = True``, so a second container is

@@ -1,4 +1,4 @@
-"""Acknowledgment modes (seed 001, 5.1.1): when the broker hears that a message is done.
+"""Acknowledgment modes (README: JMS reliability mechanisms): when the broker hears that a message is done.
 
 The delivery pipeline decides *whether* a delivery is done; the port's
 ``acknowledge`` setting decides *when* the broker is told, through one
@@ -24,8 +24,8 @@ expired, a duplicate, backed out after its copy was confirmed), ``failed``
 A message handed back unprocessed (by ``recover()``, a stop, a lost
 connection) is recorded as handed back in the delivery counts, here and only
 here, so its redelivery is not counted as a failed delivery. After a crash
-(SIGKILL) there is no chance to record it: it counts once, as contract
-section 4 says of every message outstanding when its process died.
+(SIGKILL) there is no chance to record it: it counts once, as the README's
+guarantees say of every message outstanding when its process died.
 
 The modes and the broker seam (``delivery.py``) are the only modules that
 acknowledge or reject a message.
@@ -43,8 +43,9 @@ from ..errors import SettingsError
 from ..settings import PortSettings
 from ..state.counts import DeliveryCounter
 from ..support.crash import crash_point
+from ..support.failures import describe
 from ..units.single import ClientAcknowledgment
-from ..wire.broker import Capabilities, Subscription, describe
+from ..wire.broker import Capabilities, Subscription
 from ..wire.delivery import Delivery
 
 log = logging.getLogger("mdbcontainer.acknowledge")

@@ -114,6 +114,7 @@ class AsyncPipeline(Pipeline):
 
     async def _handle(self, delivery: Delivery) -> None:
         begun = time.monotonic()  # this delivery's: the log lines of the shared steps read _started
+        span = self.tracing.process(delivery)  # current in this task's context (each task has its own)
         try:
             async with self.gate.writing(delivery.redelivered or self.port.stopping):
                 self._started = begun
@@ -130,6 +131,8 @@ class AsyncPipeline(Pipeline):
             raise
         except Exception as exc:
             self._internal_error(delivery, exc)
+        finally:
+            span.end()
 
     async def _deliver_async(self, delivery: Delivery, message: Message, argument: Any,
                              begun: float) -> None:

@@ -5,8 +5,9 @@ A message leaves its queue for the backout queue when it was delivered
 (``invalid-body``), or when a once-only port cannot identify it. The move is
 a confirmed copy first and the acknowledgment after, so a crash in between
 duplicates the message on the backout queue and never loses it. The copy
-keeps body, id and properties and carries the contract's ``x-mdb-*``
-headers. (How many times a message failed is kept in ``counts.py``.)
+keeps body, id and properties and carries the ``x-mdb-*``
+headers of the README (Headers on a backed-out message). (How many times a
+message failed is kept in ``state/counts.py``.)
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def backout_headers(
     exception: str | None,
     failed_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """The original headers plus the ``x-mdb-*`` failure headers of the contract."""
+    """The original headers plus the ``x-mdb-*`` failure headers (README: Headers on a backed-out message)."""
     out = {k: v for k, v in headers.items() if not k.startswith("x-mdb-")}
     out.update({
         "x-mdb-backout-reason": reason,

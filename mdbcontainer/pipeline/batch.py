@@ -1,4 +1,4 @@
-"""The batch path of the pipeline (contract section 8): gather, run, settle, or fall back.
+"""The batch path of the pipeline (README: Batches): gather, run, settle, or fall back.
 
 A batched port's consumer runs steps 1-6 of the per-delivery pipeline on
 each delivery as it arrives; the deliveries that pass them are gathered
@@ -31,13 +31,14 @@ from typing import Any, Protocol
 from ..errors import PublishError
 from ..message import Message
 from ..support.crash import crash_point
+from ..support.failures import describe
 from ..support.outgoing import Outgoing
 from ..units.async_batch import AsyncBatchRunner
 from ..units.async_single import AsyncUnitOfWork, async_resources, async_unit_class, dispose
 from ..units.batch import BatchItem, BatchOutcome, BatchRunner
 from ..units.context import MessageContext
 from ..units.single import Outcome
-from ..wire.broker import Publish, connection_errors, describe
+from ..wire.broker import Publish, connection_errors
 from ..wire.delivery import Delivery
 from .async_single import AsyncPipeline
 from .single import _GAVE_UP, ConsumerView, Pipeline, PortView
@@ -79,6 +80,7 @@ class BatchPipeline(Pipeline):
 
     def _deliver(self, delivery: Delivery, message: Message) -> None:
         """Steps 1-6 passed: the delivery joins the batch being gathered."""
+        self._span.drop()  # the batch's span stands for it
         if not self._gathered:
             self._first_at = time.monotonic()
         self._gathered.append(_Gathered(delivery, message, self._argument))
@@ -129,6 +131,7 @@ class BatchPipeline(Pipeline):
             if len(batch) == 1:  # alone already: the per-message path, exactly
                 self._alone(batch[0])
             else:
+                self._span = self.tracing.batch([item.delivery for item in batch])
                 self._run_batch(batch)
         except connection_errors():
             raise  # the broker is gone: the consumer reconnects; the broker requeues
@@ -139,6 +142,7 @@ class BatchPipeline(Pipeline):
                     self.acks.failed(item.delivery)
             self.port.stop_for_failures(batch[0].message.id, exc, internal=True)
         finally:
+            self._span.end()
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
 
@@ -174,6 +178,7 @@ class BatchPipeline(Pipeline):
         self.batch_port.record_fallback()
         self.resources.metrics.batch_fallback(self.port.name)
         if outcome.kind == "failed":
+            self.tracing.failed(outcome.error)
             log.warning("port %s: a batch of %d rolled back (%s); running each message alone",
                         self.port.name, len(batch), describe(outcome.error))
         else:  # a message of the batch was claimed already (bean-managed, or claimed last)
@@ -189,7 +194,12 @@ class BatchPipeline(Pipeline):
 
     def _alone(self, item: _Gathered) -> None:
         self._argument = item.argument
-        super()._deliver(item.delivery, item.message)
+        span = self.tracing.process(item.delivery)  # alone: the message's own span
+        try:
+            self.tracing.counted(item.message.redelivery_count)
+            super()._deliver(item.delivery, item.message)
+        finally:
+            span.end()
 
     def _run(self, delivery: Delivery, message: Message) -> Outcome:
         """One message alone: a batch handler gets a list of one; a per-message one runs as ever."""

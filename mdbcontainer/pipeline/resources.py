@@ -18,9 +18,10 @@ from ..state.dedup import Dedup
 from ..state.metrics import Metrics
 from ..state.outbox import Outbox
 from ..state.store import Store
+from ..support.failures import describe
 from ..support.logs import fields
 from ..units.single import TransactionResources
-from ..wire.broker import Broker, Capabilities, describe
+from ..wire.broker import Broker, Capabilities
 
 log = logging.getLogger("mdbcontainer.resources")
 

@@ -1,4 +1,4 @@
-"""The per-delivery pipeline, step by step, as contract section 4 reads.
+"""The per-delivery pipeline, step by step, as the README's guarantees read (docs/architecture.md walks it).
 
 1. hand back        a stopping consumer returns what it was still sent
 2. expire           an expired message never reaches the handler
@@ -32,15 +32,16 @@ from ..errors import PublishError
 from ..handlers.registry import HandlerSpec, Invoker, Running
 from ..message import InvalidBody, Message, accepted, body_hash_id
 from ..settings import PortSettings, QueueSettings
-from ..state.counts import exception_text
 from ..support.crash import crash_point
+from ..support.failures import describe, exception_text
 from ..support.logs import fields
 from ..support.outgoing import Outgoing
 from ..support.retry import DEFAULT as RETRY
 from ..support.retry import RetryCondition
+from ..support.tracing import NOTHING, Active
 from ..units.context import MessageContext
 from ..units.single import Outcome, is_infrastructure, unit_class
-from ..wire.broker import Publisher, connection_errors, describe
+from ..wire.broker import Publisher, connection_errors
 from ..wire.delays import Delays, came_back, carried_failure, left_after
 from ..wire.delivery import Delivery, envelope
 from .acknowledge import Acknowledger
@@ -120,6 +121,8 @@ class Pipeline:
                              publish=consumer.publish, discard=self.acks.discard)
         self._started = time.monotonic()  # of the current delivery, for its log lines
         self._argument: Any = None
+        self.tracing = port.resources.broker.tracing.for_port(port.name, port.settings.topic or port.queue)
+        self._span: Active = NOTHING  # the current delivery's (tracing.py)
 
     # -- the pipeline ------------------------------------------------------
 
@@ -127,6 +130,7 @@ class Pipeline:
         """Process one delivery, marked in flight for /healthz and the in-flight gauge."""
         consumer = self.consumer
         consumer.delivering_since = self._started = time.monotonic()
+        self._span = self.tracing.process(delivery)
         try:
             if self._through_outages(lambda: self._process(delivery)) is _GAVE_UP:
                 self.acks.hand_back(delivery, delivery.message_id)
@@ -135,6 +139,7 @@ class Pipeline:
         except Exception as exc:
             self._internal_error(delivery, exc)
         finally:
+            self._span.end()
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
 
@@ -190,6 +195,7 @@ class Pipeline:
     def _internal_error(self, delivery: Delivery, exc: Exception) -> None:
         """A fault of the container itself (not the handler): requeue and stop the port, visibly."""
         log.exception("port %s: container error on message %s", self.port.name, delivery.message_id)
+        self.tracing.failed(exc)
         self.acks.failed(delivery)
         self.port.stop_for_failures(str(delivery.message_id), exc, internal=True)
 
@@ -215,6 +221,7 @@ class Pipeline:
         count, last_error = self._count(delivery, message_id)
         if count is None:
             return None
+        self.tracing.counted(count)
         if self.threshold and count >= self.threshold:
             self._back_out(delivery, REASON_THRESHOLD, count, last_error)
             self.port.after_backout()
@@ -334,6 +341,7 @@ class Pipeline:
 
     def _failed(self, delivery: Delivery, message: Message, outcome: Outcome) -> None:
         assert outcome.error is not None
+        self.tracing.failed(outcome.error)
         if self.acks.consumed(delivery):  # ctx.acknowledge() came before the failure
             self._failed_consumed(message, outcome.error)
             return

@@ -30,10 +30,11 @@ from ..settings import PortSettings, Settings, validate_port
 from ..state.control import Wanted
 from ..state.metadata import create_missing, load_metadata
 from ..state.store import Store
+from ..support.failures import describe
 from ..support.logs import fields
 from ..support.retry import DEFAULT as RETRY
 from ..units.single import database_refused, is_infrastructure
-from ..wire.broker import Broker, Publisher, describe
+from ..wire.broker import Broker, Publisher
 from ..wire.delays import wait_queues
 from .endpoints import OperationsServer
 from .port import ListenerPort

@@ -34,11 +34,12 @@ from ..pipeline.single import Decision, Pipeline
 from ..sending.replies import mark_consumer_thread
 from ..settings import PortSettings, QueueSettings
 from ..state.counts import DeliveryCounter
+from ..support.failures import describe
 from ..support.logs import fields
 from ..support.outgoing import Outgoing
 from ..support.retry import DEFAULT as RETRY
 from ..support.retry import RetryPolicy
-from ..wire.broker import Publisher, Subscription, connection_errors, describe
+from ..wire.broker import Publisher, Subscription, connection_errors
 
 log = logging.getLogger("mdbcontainer.port")
 
@@ -231,6 +232,7 @@ class ListenerPort:
     # -- Maximum retries ---------------------------------------------------
 
     def record(self, outcome: str) -> None:
+        self.resources.broker.tracing.outcome(outcome)
         with self._lock:
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
             self.stats.delivered += outcome != "expired"

@@ -12,7 +12,7 @@ message: it starts the children, starts a dead one again, and passes a stop on.
   the delay. One that ran for ``STABLE_AFTER`` before dying starts from the
   first delay again.
 - SIGTERM or SIGINT: every child gets SIGTERM once and stops gracefully
-  (contract section 4, Shutdown); the supervisor exits 0 when all have. A
+  (README: Guarantees, Shutdown); the supervisor exits 0 when all have. A
   second signal kills them (SIGKILL): nothing is acknowledged before its
   outcome commits, so the broker redelivers what they held and nothing is lost.
 - Children run in a session of their own, so a terminal's Ctrl-C (SIGINT to
@@ -50,9 +50,9 @@ from ..errors import MdbError, SettingsError
 from ..settings import Settings
 from ..state.control import Control
 from ..state.store import Store, utcnow
+from ..support.failures import describe
 from ..support.logs import fields
 from ..support.retry import RetryPolicy
-from ..wire.broker import describe
 from .container import Container
 
 log = logging.getLogger("mdbcontainer.supervisor")

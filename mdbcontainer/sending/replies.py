@@ -1,4 +1,4 @@
-"""Request/reply over a temporary queue (seed 001, 5.1.5).
+"""Request/reply over a temporary queue (README: JMS reliability mechanisms).
 
 ``Producer.request`` opens a connection of its own and declares a temporary
 queue on it: exclusive and auto-delete, server-named (``amq.gen-...``) on
@@ -8,7 +8,7 @@ id, waits for the reply carrying the same correlation id, and deletes the
 queue, as a JMS TemporaryQueue lives only as long as its connection. A reply
 that comes after the timeout finds no queue and is dropped by the broker.
 
-A request from a handler inside a unit of work is refused. The seed's hang:
+A request from a handler inside a unit of work is refused. The classic hang:
 a send made inside a transaction leaves only when the transaction commits,
 after the handler returns, so a handler waiting for the reply would wait
 forever (and a request sent outside the transaction would break its

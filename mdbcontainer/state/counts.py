@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import socket
-import traceback
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,11 +33,9 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, or_, select, update
 
-from ..support.logs import mask_secrets
 from .store import Store, utcnow
 
 CRASHED = "the container process died during this delivery (killed, crashed or lost its broker connection)"
-MAX_TRACEBACK = 4000
 # A lease found dead keeps counting as the evidence of a death on its queue
 # this long: the dead connection's deliveries are redelivered within it.
 DEATH_EVIDENCE = timedelta(minutes=5)
@@ -54,14 +51,6 @@ class Attempt:
     count: int
     last_exception: str | None
 
-
-def exception_text(exc: BaseException) -> str:
-    """Type, message and a bounded traceback, kept across processes in ``x-mdb-exception``."""
-    # Masked: the header is printed by mdb dlq show, and a handler's error may carry a URL.
-    text = mask_secrets("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-    if len(text) > MAX_TRACEBACK:
-        text = text[:200] + "\n...\n" + text[-(MAX_TRACEBACK - 210) :]
-    return text.strip()
 
 
 class DeliveryCounter:

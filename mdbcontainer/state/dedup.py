@@ -1,6 +1,6 @@
 """The dedup table: once-and-only-once between commit and acknowledgment.
 
-The one crash window the seed names is after the handler's transaction
+The one crash window that matters here is after the handler's transaction
 commits and before the broker hears the acknowledgment: the message comes
 back although its work is done. The row ``(port, message id)`` commits in the
 same transaction as the work, so the redelivery finds it and is acknowledged

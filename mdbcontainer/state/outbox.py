@@ -81,6 +81,7 @@ class Outbox:
         """Insert rows for ``messages`` in the caller's transaction (one round trip each)."""
         pending = []
         for message in messages:
+            message = self.broker.tracing.carry(message)  # the relay publishes it in this trace
             exchange, routing_key, mandatory = self.broker.route(message.destination)
             mandatory = mandatory and not message.reply  # a reply is never declared
             values = {

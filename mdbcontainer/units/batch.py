@@ -1,4 +1,4 @@
-"""Units of work for a batch of deliveries (contract section 8).
+"""Units of work for a batch of deliveries (README: Batches).
 
 A batched port runs up to ``batch_size`` deliveries in one unit of work, so
 that exactly-once costs one database commit per batch instead of one per

@@ -25,7 +25,9 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from ..errors import BrokerUnavailable, PublishError, QueueUnavailable, Unroutable
 from ..settings import EMBEDDED_DEFAULT_FILE, Settings, broker_urls, mask_url
+from ..support.failures import describe as describe  # also importable from here, as before
 from ..support.retry import DEFAULT as RETRY
+from ..support.tracing import tracing_for
 from .delays import wait_queues
 from .delivery import Delivery
 from .heartbeat import Heartbeat, away, outside, using
@@ -104,6 +106,7 @@ class Broker:
         self.is_embedded = self.url.startswith(EMBEDDED)
         self.capabilities = EMBEDDED_CAPS if self.is_embedded else RABBITMQ
         self._waits: dict[str, dict[str, Any]] | None = None  # wait queue -> arguments, when asked
+        self.tracing = tracing_for(settings)  # every publish and delivery through this broker
 
     @property
     def embedded_path(self) -> str:
@@ -410,6 +413,12 @@ class Publisher:
         mandatory: bool,
     ) -> None:
         """Publish and wait for the broker's confirm; raise PublishError unless it took the message."""
+        with self.broker.tracing.publishing(exchange, routing_key, body, properties) as traced:
+            self._publish(exchange=exchange, routing_key=routing_key, body=body, properties=traced,
+                          mandatory=mandatory)
+
+    def _publish(self, *, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any],
+                 mandatory: bool) -> None:
         channel = self.channel
         message = prepare(channel, body, properties)
         self._returned.clear()
@@ -444,6 +453,11 @@ class Publisher:
         """
         if not items:
             return []
+        with self.broker.tracing.publishing_many(items) as traced:
+            return traced.settle(self._publish_many(traced.items, after_first))
+
+    def _publish_many(self, items: list[Publish],
+                      after_first: Callable[[], None] | None) -> list[PublishError | None]:
         channel = self.channel
         self._returned.clear()
         raw: Any = getattr(channel, "_basic_publish", None)  # py-amqp's publish without the wait
@@ -588,7 +602,7 @@ class _ExclusiveQueue(kombu.Queue):  # type: ignore[misc]
 
 
 class Subscription:
-    """One consumer: its own connection, channel, prefetch and queue (contract: a thread each).
+    """One consumer: its own connection, channel, prefetch and queue (README: Processes and threads).
 
     ``exclusive``: the one active subscriber of a durable subscription (a second
     one gets SubscriptionInUse). ``transacted``: the channel is in AMQP
@@ -659,8 +673,9 @@ class Subscription:
     def publish(self, *, exchange: str, routing_key: str, body: bytes,
                 properties: dict[str, Any], mandatory: bool) -> None:
         """Publish on the consumer's own channel: with ``transacted``, it leaves at commit()."""
-        self.channel.basic_publish(prepare(self.channel, body, properties), exchange=exchange,
-                                   routing_key=routing_key, mandatory=mandatory)
+        with self.broker.tracing.publishing(exchange, routing_key, body, properties) as traced:
+            self.channel.basic_publish(prepare(self.channel, body, traced), exchange=exchange,
+                                       routing_key=routing_key, mandatory=mandatory)
 
     def commit(self) -> None:
         """AMQP tx.commit: this delivery's publishes and acknowledgments take effect together."""
@@ -754,14 +769,3 @@ def broker_refused(exc: BaseException) -> bool:
     """The broker refused the URL's user, password (ACCESS_REFUSED) or vhost (NOT_ALLOWED)."""
     refusals = (AccessRefused, NotAllowed)
     return isinstance(exc, refusals) or isinstance(exc.__cause__, refusals)
-
-
-def describe(exc: BaseException | None) -> str:
-    """An exception as one line, with any URL password masked."""
-    if exc is None:
-        return "unknown error"
-    orig = getattr(exc, "orig", None)  # SQLAlchemy wraps the driver's error: show the database's text
-    if isinstance(orig, BaseException):
-        exc = orig
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return mask_url(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

@@ -1,4 +1,4 @@
-"""Batched ports (contract section 8), as a user sees them: rows committed once, what was
+"""Batched ports (README: Batches), as a user sees them: rows committed once, what was
 acknowledged, what the failing message alone counted, and the batch figures.
 
 Each test runs ``mdb run`` on the embedded broker + SQLite and on RabbitMQ +

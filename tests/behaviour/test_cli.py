@@ -626,9 +626,9 @@ def test_tables_fit_the_width_moving_cells_to_a_second_line_never_cutting_them()
 
 
 PORT_ROWS = [  # two processes of one fleet, ports without batches
-    ["vm:18893:91c9d9", "OrdersPort", "ORDERS", "started", "0", "12", "10", "1", "1", "0", "1", "0",
+    ["vm:18893:91c9d9", "OrdersPort", "ORDERS", "started", "0", "12", "10", "1", "1", "0", "1", "0", "0",
      "-", "-", "2026-12-01 13:45:36", ""],
-    ["vm:18894:a1b2c3", "OrdersPort", "ORDERS", "stopped", "1", "3", "2", "0", "1", "0", "0", "0",
+    ["vm:18894:a1b2c3", "OrdersPort", "ORDERS", "stopped", "1", "3", "2", "0", "1", "0", "0", "0", "0",
      "-", "-", "2026-12-01 13:45:36", "message m-1 failed 1 time(s): RuntimeError: boom"],
 ]
 
@@ -682,9 +682,9 @@ def test_ports_watch_is_readable_at_the_terminal_width(width: int) -> None:
     from mdbcontainer.cli.watch import Sample, render
 
     fields = ("container", "port", "destination", "state", "consecutive_failures", "delivered",
-              "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body", "expired")
-    rows = [dict(zip(fields, row, strict=False)) | {"since": "2026-12-01T" + row[14][11:],
-                                                    "reason": row[15]} for row in PORT_ROWS]
+              "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body", "expired", "waiting")
+    rows = [dict(zip(fields, row, strict=False)) | {"since": "2026-12-01T" + row[15][11:],
+                                                    "reason": row[16]} for row in PORT_ROWS]
     sample = Sample(rows=rows, depths={"ORDERS": 7}, taken_at=1.0)
     console = Console(width=width, record=True, file=io.StringIO())
     console.print(render(sample, {}, "settings.toml", [], 1.0, width))

@@ -1,4 +1,4 @@
-"""A RabbitMQ cluster losing the node that leads the work queue (issue 11; contract section 9).
+"""A RabbitMQ cluster losing the node that leads the work queue (issue 11; README: Running in production).
 
 Three nodes started by the test (tests/chaos/cluster.py), the container
 connected with ``broker_url`` naming all three separated by ``;``, quorum

@@ -11,9 +11,9 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from tests.test_delays import delayed_settings
 
 from mdbcontainer.testing import wait_for
+from tests.behaviour.test_delays import delayed_settings
 from tests.chaos.faults import restart_broker_app
 from tests.conftest import Backend
 

@@ -1,4 +1,4 @@
-"""One container of a fleet at a time relays the outbox (contract section 9).
+"""One container of a fleet at a time relays the outbox (README: Running in production).
 
 The dedup purge's own lock is pinned in test_dedup.py; the relay's is here:
 while another container relays (it holds the fleet's relay lock), a relay

@@ -1,4 +1,4 @@
-"""A handler the container cannot call is a listener error at bind time (contract section 10).
+"""A handler the container cannot call is a listener error at bind time (README: The `mdb` command).
 
 ``mdb check`` and ``mdb run`` exit 2 with one line naming the handler, before a
 message is consumed; the two forms the container calls, ``(message_or_body,

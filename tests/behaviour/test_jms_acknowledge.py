@@ -1,4 +1,4 @@
-"""Seed 001, 5.1.1 and 5.2.2: acknowledgment modes (client, dups_ok, transacted) and local transactions."""
+"""JMS mechanisms (README): acknowledgment modes (client, dups_ok, transacted) and local transactions."""
 
 from __future__ import annotations
 

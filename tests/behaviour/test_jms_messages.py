@@ -1,4 +1,4 @@
-"""Seed 001, 5.1.2 to 5.1.4: persistence, priority and expiration, as a handler sees them."""
+"""JMS mechanisms (README): persistence, priority and expiration, as a handler sees them."""
 
 from __future__ import annotations
 

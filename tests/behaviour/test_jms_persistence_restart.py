@@ -1,4 +1,4 @@
-"""Seed 001, 5.1.2: persistent messages survive a broker restart; non-persistent ones do not.
+"""JMS mechanisms (README): persistent messages survive a broker restart; non-persistent ones do not.
 
 Restarts the real RabbitMQ (``rabbitmqctl stop_app`` / ``start_app``) and leaves it running.
 """

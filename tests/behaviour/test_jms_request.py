@@ -1,4 +1,4 @@
-"""Seed 001, 5.1.5: temporary queues and request/reply, from code and from ``mdb request``."""
+"""JMS mechanisms (README): temporary queues and request/reply, from code and from ``mdb request``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Seed 001, 5.2.1: durable and non-durable subscriptions (figures 5.1 and 5.2), one active subscriber."""
+"""Durable and non-durable subscriptions, one active subscriber (README: JMS reliability mechanisms)."""
 
 from __future__ import annotations
 

@@ -206,7 +206,7 @@ def test_crash_at_every_step_commits_each_message_once(backend: Backend, point: 
     print(f"{backend.kind} {point} {port}: {time.monotonic() - started:.1f}s")
 
 
-# The points a batch adds (contract section 8): before its commit, after it and before the
+# The points a batch adds (README: Batches): before its commit, after it and before the
 # acknowledgment, between acknowledgments (a duplicate acknowledged before the batch), and
 # in the middle of publishing its outbox sends. Hit numbers are per batch here.
 BATCH_POINTS = ("before-commit", "after-commit", "mid-acks", "outbox-dispatch")

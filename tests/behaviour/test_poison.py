@@ -1,4 +1,4 @@
-"""Seed 000's scenarios, replayed on the embedded broker and on RabbitMQ + PostgreSQL.
+"""The poison-message scenarios of the README's tour, replayed on the embedded broker and on RabbitMQ + PostgreSQL.
 
 One poison message (its handler always raises) among good ones, under the
 listener port's Maximum retries and the queue's backout threshold.

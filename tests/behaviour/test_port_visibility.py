@@ -1,4 +1,4 @@
-"""``mdb ports`` sees a container from the moment it logs that it started (contract section 10).
+"""``mdb ports`` sees a container from the moment it logs that it started (README: The `mdb` command).
 
 The heartbeat is written at start, before the "container started" line, and
 again at every port state change, so neither waits for ``control_interval``

@@ -30,7 +30,7 @@ def queue_exists(settings: Settings, name: str) -> bool:
     return True
 
 
-# -- a queue publish is mandatory on every broker (contract section 10) -----------------------
+# -- a queue publish is mandatory on every broker (README: Sending from Python) --------------
 
 
 def test_send_to_a_queue_nobody_named_exits_1_naming_it_and_creates_nothing(backend: Backend) -> None:

@@ -126,7 +126,7 @@ def test_passwords_never_appear_in_any_output(rabbit: Backend) -> None:
 
 def test_the_exception_kept_in_x_mdb_exception_masks_passwords() -> None:
     """Contract 3: secrets never appear in errors; x-mdb-exception is printed by mdb dlq show."""
-    from mdbcontainer.state.counts import exception_text
+    from mdbcontainer.support.failures import exception_text
 
     try:
         raise RuntimeError("cannot reach https://svc:hunter2@api.example/ (password=hunter2)")

@@ -369,6 +369,6 @@ def test_restart_delays_double_up_to_30s_and_start_over_after_a_stable_run(
 def test_each_log_line_names_its_process_in_text_and_json() -> None:
     record = logging.LogRecord("mdbcontainer.port", logging.INFO, __file__, 1, "port %s started",
                                ("Work",), None)
-    assert "[process 3] mdbcontainer.runtime.port [MainThread] port Work started" in TextFormatter(3).format(record)
+    assert "[process 3] mdbcontainer.port [MainThread] port Work started" in TextFormatter(3).format(record)
     assert json.loads(JsonFormatter(3).format(record))["process"] == 3
     assert "process" not in json.loads(JsonFormatter().format(record)), "one process: no label"

@@ -1,4 +1,4 @@
-"""Heartbeats, database timeouts and cluster URLs (issue 11; contract section 9).
+"""Heartbeats, database timeouts and cluster URLs (issue 11; README: Running in production).
 
 The network faults themselves (silent cuts between test hosts) are in
 test_hosts.py and test_cluster.py; these tests pin what one container on the
@@ -173,7 +173,7 @@ def test_the_installed_py_amqp_serializes_frame_writes_from_several_threads() ->
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     [wanted] = [Requirement(r) for r in pyproject["project"]["dependencies"]
                 if Requirement(r).name == "amqp"]
     assert not wanted.specifier.contains(Version("5.3.1")), wanted

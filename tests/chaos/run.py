@@ -57,7 +57,7 @@ from tests.conftest import ROOT, Backend, reachable
 
 PORTS = ("Work", "Bean")
 # A SIGKILL counts one failed delivery against every message the killed process
-# held, prefetched ones included (contract section 4). Faults come a slot of
+# held, prefetched ones included (README: Guarantees). Faults come a slot of
 # progress apart, and what a killed process held comes first to the next one,
 # so a good message is rarely caught by more than one or two kills: 8 leaves 7
 # of margin before a good message would be backed out (and reported lost),
@@ -424,7 +424,7 @@ class ChaosRun:
         return failures
 
     def _verify_outage_lines(self) -> list[str]:
-        """Contract section 4: an outage is logged once, not once per message or consumer."""
+        """README, Guarantees: an outage is logged once, not once per message or consumer."""
         log = self.container.output()
         t = self.tally
         out = []
