@@ -205,6 +205,38 @@ def test_an_extra_copy_left_by_a_crash_neither_runs_nor_backs_out_twice(backend:
     assert backend.probe(settings).count(dlq) == 1, "one copy in the backout queue"
 
 
+def test_two_copies_that_fail_side_by_side_leave_one_that_goes_on_to_the_backout_queue(
+    backend: Backend,
+) -> None:
+    """A poison message sent twice (a producer's retry): both copies are delivered before either
+    fails, then both fail. The copy that leaves after the second failure must carry that count: if
+    both carried the count their delivery began with, both came back stale and the message vanished."""
+    queue = backend.q("TWICE")
+    settings = backend.write(
+        ports={"Work": {"destination": queue, "concurrency": 2, "prefetch": 1, "max_retries": 100}},
+        queues={queue: {"backout_threshold": 4, "redelivery_delay": "300ms"}},
+    )
+    backend.queues.update(wait_queues(queue, QueueSettings(backout_threshold=4, redelivery_delay="300ms")))
+    reached, go = backend.tmp / "reached", backend.tmp / "go"
+    body = {"n": 1, "action": "fail", "pause": [str(reached), str(go)]}
+    with backend.producer(settings) as producer:
+        producer.send(queue, body, message_id="twice")
+        producer.send(queue, body, message_id="twice")
+    dlq = backend.q("DLQ")
+    with backend.container(settings):
+        probe = backend.probe(settings)
+        # Both delivered (one consumer each), so both began with no failure counted; on PostgreSQL
+        # the second waits for the first one's dedup claim, on the embedded broker it runs beside it.
+        wait_for(lambda: reached.exists() and probe.count(queue) == 0, what="both copies delivered")
+        go.touch()
+        wait_for(lambda: probe.count(dlq) == 1, timeout=30, what="the poison message backed out")
+        wait_for(lambda: probe.count(queue) == 0 and probe.count(f"{queue}.wait.300ms") == 0,
+                 timeout=10, what="no copy left behind")
+    [dead] = probe.take_all(dlq)
+    assert dead.properties["message_id"] == "twice"
+    assert dict(dead.headers)["x-mdb-redelivery-count"] == 4
+
+
 @pytest.mark.rabbitmq
 def test_a_quorum_queue_waits_on_quorum_wait_queues(rabbit: Backend) -> None:
     queue = rabbit.q("QUORUM")
