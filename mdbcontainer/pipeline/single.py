@@ -346,7 +346,6 @@ class Pipeline:
             self._failed_consumed(message, outcome.error)
             return
         text = exception_text(outcome.error)
-        count = message.redelivery_count + 1
         self._log(logging.WARNING, "failed", message.id, message.redelivery_count,
                   describe(outcome.error))
         # Counted before the requeue; while the database is away the count (and the message) waits.
@@ -354,6 +353,9 @@ class Pipeline:
         if counted is _GAVE_UP:  # the port stopped meanwhile: back uncounted, as a hand-back
             self.acks.hand_back(delivery, message.id)
             return
+        # The recorded count, not this delivery's plus one: another copy may have failed while it
+        # ran, and a copy that left to wait with fewer failures than recorded is taken for stale.
+        count = max(message.redelivery_count + 1, int(counted))
         self.port.record("failed")
         decision = self.port.after_failure()
         if decision == "stop":

@@ -169,10 +169,19 @@ class DeliveryCounter:
             ).scalar()
         return int(found or 0)
 
-    def fail(self, queue: str, message_id: str, text: str) -> None:
-        """Record a failed delivery (durably, before the message is requeued)."""
+    def fail(self, queue: str, message_id: str, text: str) -> int:
+        """Record a failed delivery (durably, before the message is requeued); return the
+        message's failures now, this one included.
+
+        That can be more than the delivery's count plus one: another copy of the
+        message (a producer's retry, an original redelivered after a crash beside
+        its copy on a wait queue) may have failed while this one ran. What leaves
+        to wait must carry this figure, or it comes back taken for a stale copy.
+        """
         with self.store.engine.begin() as conn:
-            conn.execute(self._upsert(queue, message_id, failures=1, closed=1, last_exception=text))
+            _opened, _closed, failures, _last = conn.execute(
+                self._upsert(queue, message_id, failures=1, closed=1, last_exception=text)).one()
+        return int(failures)
 
     def hand_back(self, queue: str, message_ids: list[str]) -> None:
         """Record deliveries returned unprocessed by a graceful stop, so they do not count."""

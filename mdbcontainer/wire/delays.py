@@ -20,6 +20,11 @@ it on, and the pipeline acknowledges the stale one, on its first delivery,
 without running it, so an extra copy neither runs nor counts failures of its
 own. (Only a copy's first delivery can be stale: a failure is counted before
 the move, so a copy the broker redelivers after a crash may be the last one.)
+That holds because a copy carries the failures the database counted with its
+own failure, not its delivery's count plus one: two copies delivered before
+either failed (a producer's retry, an original redelivered beside its copy)
+began with the same count, and had both carried it, both would come back
+stale and the message would be gone.
 The copy carries the failure context (``x-mdb-redelivery-count``,
 ``x-mdb-exception``, ...) and, for a message with a TTL, its expiry in
 ``x-mdb-expires-at``, because the broker drops ``expiration`` when it
@@ -145,9 +150,10 @@ class Delays:
     def move(self, delivery: Delivery, failures: int, exception: str) -> bool:
         """Send the failed delivery to wait, then acknowledge it; False: requeue it at once instead.
 
-        The failure is already counted. A wait queue the broker cannot take the
-        copy on (deleted by an operator, refused) is logged, and the message goes
-        back to its queue at once: never dropped.
+        The failure is already counted, and ``failures`` is the count the database
+        returned for it (the copy's ``x-mdb-redelivery-count``, see above). A wait
+        queue the broker cannot take the copy on (deleted by an operator, refused)
+        is logged, and the message goes back to its queue at once: never dropped.
         """
         wait = wait_after(self.settings, failures)
         if not wait:

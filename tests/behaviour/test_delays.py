@@ -205,6 +205,74 @@ def test_an_extra_copy_left_by_a_crash_neither_runs_nor_backs_out_twice(backend:
     assert backend.probe(settings).count(dlq) == 1, "one copy in the backout queue"
 
 
+def test_two_copies_that_fail_side_by_side_leave_one_that_goes_on_to_the_backout_queue(
+    backend: Backend,
+) -> None:
+    """A poison message sent twice (a producer's retry): both copies are delivered before either
+    fails, then both fail. The copy that leaves after the second failure must carry that count: if
+    both carried the count their delivery began with, both came back stale and the message vanished."""
+    queue = backend.q("TWICE")
+    settings = backend.write(
+        ports={"Work": {"destination": queue, "concurrency": 2, "prefetch": 1, "max_retries": 100}},
+        queues={queue: {"backout_threshold": 4, "redelivery_delay": "300ms"}},
+    )
+    backend.queues.update(wait_queues(queue, QueueSettings(backout_threshold=4, redelivery_delay="300ms")))
+    reached, go = backend.tmp / "reached", backend.tmp / "go"
+    body = {"n": 1, "action": "fail", "pause": [str(reached), str(go)]}
+    with backend.producer(settings) as producer:
+        producer.send(queue, body, message_id="twice")
+        producer.send(queue, body, message_id="twice")
+    dlq = backend.q("DLQ")
+    with backend.container(settings):
+        probe = backend.probe(settings)
+        # Both delivered (one consumer each), so both began with no failure counted; on PostgreSQL
+        # the second waits for the first one's dedup claim, on the embedded broker it runs beside it.
+        wait_for(lambda: reached.exists() and probe.count(queue) == 0, what="both copies delivered")
+        go.touch()
+        wait_for(lambda: probe.count(dlq) == 1, timeout=30, what="the poison message backed out")
+        wait_for(lambda: probe.count(queue) == 0 and probe.count(f"{queue}.wait.300ms") == 0,
+                 timeout=10, what="no copy left behind")
+    [dead] = probe.take_all(dlq)
+    assert dead.properties["message_id"] == "twice"
+    assert dict(dead.headers)["x-mdb-redelivery-count"] == 4
+
+
+def test_an_original_redelivered_after_a_crash_and_its_copy_failing_side_by_side_lose_nothing(
+    backend: Backend,
+) -> None:
+    """SIGKILL after the copy is confirmed, before the original's ack; the next container starts
+    once the copy is back from its wait, so the redelivered original and the copy are delivered
+    together and both fail. One of them must go on (here: to the backout queue), not both vanish."""
+    queue = backend.q("BESIDE")
+    keys = {"backout_threshold": 4, "redelivery_delay": "200ms"}
+    settings = backend.write(
+        ports={"Work": {"destination": queue, "concurrency": 2, "prefetch": 1, "max_retries": 100}},
+        queues={queue: keys},
+    )
+    backend.queues.update(wait_queues(queue, QueueSettings(**keys)))
+    reached, go = backend.tmp / "reached", backend.tmp / "go"
+    go.touch()  # the first container fails it at once
+    with backend.producer(settings) as producer:
+        producer.send(queue, {"n": 1, "action": "fail", "pause": [str(reached), str(go)]},
+                      message_id="beside")
+    first = backend.container(settings)
+    first.env.update({"MDB_CRASH_AT": "mid-wait", "MDB_CRASH_ONCE_FILE": str(backend.tmp / "crashed")})
+    with first.start(wait=False):
+        assert first.wait_exit(60) != 0, "killed itself between the move and the ack"
+    go.unlink()
+    reached.unlink()
+    probe = backend.probe(settings)
+    time.sleep(1.0)  # the copy's 200 ms wait is over: it is due back beside the original
+    dlq = backend.q("DLQ")
+    with backend.container(settings, log_path=backend.tmp / "second.log"):
+        wait_for(lambda: reached.exists() and probe.count(queue) == 0, what="both delivered")
+        go.touch()
+        wait_for(lambda: probe.count(dlq) == 1, timeout=30, what="the poison message backed out")
+        wait_for(lambda: probe.count(queue) == 0 and probe.count(f"{queue}.wait.200ms") == 0,
+                 timeout=10, what="no copy left behind")
+    assert [m.properties["message_id"] for m in probe.take_all(dlq)] == ["beside"]
+
+
 @pytest.mark.rabbitmq
 def test_a_quorum_queue_waits_on_quorum_wait_queues(rabbit: Backend) -> None:
     queue = rabbit.q("QUORUM")
