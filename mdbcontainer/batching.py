@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from .batches import BatchItem, BatchOutcome, BatchRunner
 from .broker import Publish, connection_errors, describe
@@ -39,14 +39,6 @@ from .transactions import Outcome
 log = logging.getLogger("mdbcontainer.batching")
 
 
-class BatchPortView(PortView, Protocol):
-    """A batched port also keeps batch figures (met by ``port.ListenerPort``)."""
-
-    def record_batch(self, size: int) -> None: ...
-
-    def record_fallback(self) -> None: ...
-
-
 @dataclass
 class _Gathered:
     delivery: Delivery
@@ -57,9 +49,8 @@ class _Gathered:
 class BatchPipeline(Pipeline):
     """The pipeline of a batched port (``batch_size > 1``, or a ``batch=True`` handler)."""
 
-    def __init__(self, port: BatchPortView, consumer: ConsumerView) -> None:
+    def __init__(self, port: PortView, consumer: ConsumerView) -> None:
         super().__init__(port, consumer)
-        self.batch_port = port
         self.size = self.settings.batch_size
         self.linger = self.settings.batch_linger.total_seconds()
         self.runner = BatchRunner(port.name, self.resources.units, self.invoker,
@@ -115,8 +106,7 @@ class BatchPipeline(Pipeline):
                 for item in batch:
                     self.acks.hand_back(item.delivery, item.message.id)
                 return
-            self.resources.metrics.batch(self.port.name, len(batch))
-            self.batch_port.record_batch(len(batch))
+            self.tally.sizes.observe(len(batch))
             if len(batch) == 1:  # alone already: the per-message path, exactly
                 self._alone(batch[0])
             else:
@@ -149,7 +139,7 @@ class BatchPipeline(Pipeline):
             for item in batch:
                 self.acks.hand_back(item.delivery, item.message.id)
             return
-        self.port.observe(time.perf_counter() - started)
+        self.tally.handler.observe(time.perf_counter() - started)
         if outcome.kind in ("failed", "conflict"):
             self._fall_back(batch, outcome)
         else:
@@ -162,8 +152,7 @@ class BatchPipeline(Pipeline):
 
     def _fall_back(self, batch: list[_Gathered], outcome: BatchOutcome) -> None:
         """Roll back (done), count nothing, and run each message alone in its own unit of work."""
-        self.batch_port.record_fallback()
-        self.resources.metrics.batch_fallback(self.port.name)
+        self.tally.fallbacks += 1
         if outcome.kind == "failed":
             log.warning("port %s: a batch of %d rolled back (%s); running each message alone",
                         self.port.name, len(batch), describe(outcome.error))
@@ -221,12 +210,11 @@ class BatchPipeline(Pipeline):
         handled = [batch[i] for i in outcome.handled if i not in failed]
         self.acks.settle_many([item.delivery for item in handled])
         crash_point("after-ack")
-        for _ in duplicates:
-            self.port.record("duplicate_skipped")
-        metrics = self.resources.metrics
+        tally = self.tally
+        tally.outcomes["duplicate_skipped"] += len(duplicates)
+        tally.outcomes["handled"] += len(handled)
         for item in handled:
-            self.port.record("handled")
-            metrics.end_to_end(self.port.name, item.delivery.timestamp)
+            tally.end_to_end(item.delivery.timestamp)
         if handled:
             self.port.after_success()
         if log.isEnabledFor(logging.DEBUG):
@@ -258,7 +246,7 @@ class BatchPipeline(Pipeline):
         return failures
 
 
-def pipeline_for(port: BatchPortView, consumer: ConsumerView) -> Pipeline:
+def pipeline_for(port: PortView, consumer: ConsumerView) -> Pipeline:
     """The per-message pipeline, or the batch pipeline of a batched port."""
     if port.settings.batch_size > 1 or port.spec.batch:
         return BatchPipeline(port, consumer)

@@ -39,6 +39,7 @@ from .errors import PublishError
 from .handlers import HandlerSpec, Invoker
 from .logs import fields
 from .message import InvalidBody, Message, accepted, body_hash_id
+from .metrics import Tally
 from .outgoing import Outgoing
 from .resources import SharedResources
 from .retry import DEFAULT as RETRY
@@ -69,10 +70,6 @@ class PortView(Protocol):
     @property
     def stopping(self) -> bool: ...
 
-    def record(self, outcome: str) -> None: ...
-
-    def observe(self, seconds: float) -> None: ...
-
     def after_success(self) -> None: ...
 
     def after_backout(self) -> None: ...
@@ -87,6 +84,7 @@ class ConsumerView(Protocol):
     """What the pipeline needs of the consumer it runs in (met by ``port.PortConsumer``)."""
 
     acks: Acknowledger
+    tally: Tally  # the consumer's counts; only its own thread writes them
     handing_back: bool
     delivering_since: float | None
     alive_at: float
@@ -104,6 +102,8 @@ class Pipeline:
         self.port = port
         self.consumer = consumer
         self.acks = consumer.acks
+        self.tally = consumer.tally
+        self.stop_event = port.stop_event
         self.settings = port.settings
         self.queue = port.queue
         self.resources = port.resources
@@ -124,8 +124,13 @@ class Pipeline:
         consumer = self.consumer
         consumer.delivering_since = self._started = time.monotonic()
         try:
-            if self._through_outages(lambda: self._process(delivery)) is _GAVE_UP:
-                self.acks.hand_back(delivery, delivery.message_id)
+            try:
+                self._process(delivery)  # the hot path: no closure, no retry object
+            except Exception as exc:
+                if not is_infrastructure(exc):
+                    raise
+                if self._wait_out(lambda: self._process(delivery), None, exc) is _GAVE_UP:
+                    self.acks.hand_back(delivery, delivery.message_id)
         except connection_errors():
             raise  # the broker is gone: the consumer reconnects; the broker requeues
         except Exception as exc:
@@ -186,7 +191,7 @@ class Pipeline:
         self.port.stop_for_failures(str(delivery.message_id), exc, internal=True)
 
     def _process(self, delivery: Delivery) -> None:
-        if self.consumer.handing_back or self.port.stopping:
+        if self.consumer.handing_back or self.stop_event.is_set():
             self.acks.hand_back(delivery, delivery.message_id)
             return
         if self._expired(delivery):
@@ -215,7 +220,7 @@ class Pipeline:
             self.consumer.publish(
                 delivery.copy_to(expiry_queue, {"x-mdb-expired-at": datetime.now(UTC).isoformat()}))
         self.acks.discard(delivery)
-        self.port.record("expired")
+        self.tally.count("expired")
         return True
 
     def _identify(self, delivery: Delivery) -> str | None:
@@ -233,7 +238,7 @@ class Pipeline:
             return 0, None
         if self.once_only and self.resources.dedup.seen(self.port.name, message_id):
             self.acks.discard(delivery)
-            self.port.record("duplicate_skipped")
+            self.tally.count("duplicate_skipped")
             self._log(logging.INFO, "duplicate_skipped", message_id, None, "already handled, not again")
             return None, None
         attempt = self.resources.counter.open(self.queue, message_id)
@@ -257,7 +262,7 @@ class Pipeline:
         if outcome is _GAVE_UP:
             self.acks.hand_back(delivery, message.id)
             return
-        self.port.observe(time.perf_counter() - started)
+        self.tally.handler.observe(time.perf_counter() - started)
         if outcome.kind == "failed":
             self._failed(delivery, message, outcome)
         else:
@@ -291,14 +296,15 @@ class Pipeline:
             return
         self.acks.settle(delivery)  # now, or later: the port's acknowledge mode
         crash_point("after-ack")
-        self.port.record("handled" if outcome.kind == "handled" else "duplicate_skipped")
         if outcome.kind != "handled":
+            self.tally.count("duplicate_skipped")
             self._log(logging.INFO, "duplicate_skipped", message.id, None, "already handled, not again")
-        if outcome.kind == "handled":
-            self.port.after_success()
-            self.resources.metrics.end_to_end(self.port.name, delivery.timestamp)
-            if log.isEnabledFor(logging.DEBUG):  # per successful message only when asked
-                self._log(logging.DEBUG, "handled", message.id, None, "")
+            return
+        self.tally.count("handled")
+        self.port.after_success()
+        self.tally.end_to_end(delivery.timestamp)
+        if log.isEnabledFor(logging.DEBUG):  # per successful message only when asked
+            self._log(logging.DEBUG, "handled", message.id, None, "")
 
     def _failed(self, delivery: Delivery, message: Message, outcome: Outcome) -> None:
         assert outcome.error is not None
@@ -314,7 +320,7 @@ class Pipeline:
         if counted is _GAVE_UP:  # the port stopped meanwhile: back uncounted, as a hand-back
             self.acks.hand_back(delivery, message.id)
             return
-        self.port.record("failed")
+        self.tally.count("failed")
         decision = self.port.after_failure()
         if decision == "stop":
             self.acks.failed(delivery)
@@ -329,7 +335,7 @@ class Pipeline:
         """A failure after the handler acknowledged: counted, but the message cannot go back."""
         log.warning("port %s: delivery failed after ctx.acknowledge(): message %s stays consumed: %s",
                     self.port.name, message.id, describe(error))
-        self.port.record("failed")
+        self.tally.count("failed")
         if self.port.after_failure() == "stop":
             self.port.stop_for_failures(message.id, error)
 
@@ -348,7 +354,7 @@ class Pipeline:
         ``invalid_body`` only, not also as ``backed_out``.
         """
         self.backout.move(delivery, reason, count, exception)
-        self.port.record(outcome)
+        self.tally.count(outcome)
         self._log(logging.WARNING, outcome, delivery.message_id, count,
                   f"moved to {self.port.backout_queue} ({reason})")
 

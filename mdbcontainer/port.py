@@ -31,6 +31,7 @@ from .counts import DeliveryCounter
 from .errors import SubscriptionInUse
 from .handlers import HandlerSpec, Running
 from .logs import fields
+from .metrics import Tally
 from .outgoing import Outgoing
 from .pipeline import Decision, Pipeline
 from .replies import mark_consumer_thread
@@ -44,6 +45,8 @@ log = logging.getLogger("mdbcontainer.port")
 
 @dataclass
 class PortStats:
+    """A port's figures as ``mdb ports`` shows them: its consumers' tallies added up when read."""
+
     delivered: int = 0
     handled: int = 0
     failed: int = 0
@@ -91,7 +94,6 @@ class ListenerPort:
     state: str = "stopped"
     reason: str = ""
     since: datetime = field(default_factory=lambda: datetime.now(UTC))
-    stats: PortStats = field(default_factory=PortStats)
     consumers: list[PortConsumer] = field(default_factory=list)
     policy: RetryPolicy = RETRY
     # Called after every state change, so the container writes its heartbeat at once and
@@ -99,7 +101,11 @@ class ListenerPort:
     on_state_change: Callable[[], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # consecutive failures: counted across the consumers
+        self.consecutive_failures = 0
+        # One tally per consumer index, kept across restarts of the port: a consumer's thread
+        # is its only writer (a restarted port's consumer starts after the old one ended).
+        self.tallies: list[Tally] = []
         # Stopping and the state it shows change together: a consumer that connects just as
         # the control thread stops the port must not turn it back to ``started``.
         self._state_lock = threading.Lock()
@@ -125,7 +131,7 @@ class ListenerPort:
             return
         self.stop_event.clear()
         with self._lock:
-            self.stats.consecutive_failures = 0
+            self.consecutive_failures = 0
         with self._state_lock:
             self._set_state("starting", "")
         self.consumers = [PortConsumer(self, i) for i in range(self.settings.concurrency)]
@@ -156,6 +162,26 @@ class ListenerPort:
     @property
     def stopping(self) -> bool:
         return self.stop_event.is_set()
+
+    def tally_for(self, index: int) -> Tally:
+        """The tally consumer ``index`` writes (the same one after a restart of the port)."""
+        while len(self.tallies) <= index:
+            self.tallies.append(Tally())
+        return self.tallies[index]
+
+    @property
+    def stats(self) -> PortStats:
+        """The figures of ``mdb ports``, added up from the consumers' tallies now."""
+        tallies = list(self.tallies)
+        counted = {o: sum(t.outcomes[o] for t in tallies) for o in tallies[0].outcomes} if tallies else {}
+        return PortStats(
+            delivered=sum(n for o, n in counted.items() if o != "expired"),
+            consecutive_failures=self.consecutive_failures,
+            batches=sum(t.sizes.count for t in tallies),
+            batched=int(sum(t.sizes.sum for t in tallies)),
+            fallbacks=sum(t.fallbacks for t in tallies),
+            **counted,
+        )
 
     @property
     def counter(self) -> DeliveryCounter:
@@ -223,37 +249,19 @@ class ListenerPort:
 
     # -- Maximum retries ---------------------------------------------------
 
-    def record(self, outcome: str) -> None:
-        with self._lock:
-            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
-            self.stats.delivered += outcome != "expired"
-        self.resources.metrics.delivery(self.name, outcome)
-
-    def record_batch(self, size: int) -> None:
-        with self._lock:
-            self.stats.batches += 1
-            self.stats.batched += size
-
-    def record_fallback(self) -> None:
-        with self._lock:
-            self.stats.fallbacks += 1
-
-    def observe(self, seconds: float) -> None:
-        self.resources.metrics.handler_time(self.name, seconds)
-
     def after_success(self) -> None:
-        if self.stats.consecutive_failures:
+        if self.consecutive_failures:  # the lock only when there is something to reset
             with self._lock:
-                self.stats.consecutive_failures = 0
+                self.consecutive_failures = 0
 
     def after_backout(self) -> None:
         with self._lock:
-            self.stats.consecutive_failures = 0
+            self.consecutive_failures = 0
 
     def after_failure(self) -> Decision:
         with self._lock:
-            self.stats.consecutive_failures += 1
-            over = self.stats.consecutive_failures > self.settings.max_retries
+            self.consecutive_failures += 1
+            over = self.consecutive_failures > self.settings.max_retries
         return "stop" if over else "continue"
 
     def stop_for_failures(self, message_id: str, error: BaseException, *, internal: bool = False,
@@ -273,7 +281,7 @@ class ListenerPort:
             return f"container error on message {message_id}: {describe(error)}"
         return (
             f"maximum retries ({self.settings.max_retries}) exceeded: "
-            f"{self.stats.consecutive_failures} consecutive failed deliveries, last message "
+            f"{self.consecutive_failures} consecutive failed deliveries, last message "
             f"{message_id}: {describe(error)}"
         )
 
@@ -288,6 +296,7 @@ class PortConsumer:
         self.handing_back = False
         self._publisher: Publisher | None = None
         self.acks = acknowledger_for(port)
+        self.tally = port.tally_for(index)  # this thread's counts, read by /metrics and mdb ports
         self.thread = threading.Thread(
             target=self._run, name=f"mdb-{port.name}-{index}", daemon=True
         )
