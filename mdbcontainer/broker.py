@@ -24,7 +24,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .delivery import Delivery
 from .errors import BrokerUnavailable, PublishError, QueueUnavailable, Unroutable
-from .heartbeat import Heartbeat, away, using
+from .heartbeat import Heartbeat, using
 from .ownership import OwnerLock, in_use
 from .retry import DEFAULT as RETRY
 from .settings import EMBEDDED_DEFAULT_FILE, Settings, broker_urls, mask_url
@@ -606,8 +606,10 @@ class Subscription:
 
     def _dispatch(self, raw: Any) -> None:
         """Run the pipeline on one delivery; heartbeats go on from their thread meanwhile."""
-        with away(self._beat):
+        if self._beat is None:
             self.on_message(Delivery(raw))
+        else:
+            self._beat.away_for(self.on_message, Delivery(raw))
 
     def publish(self, *, exchange: str, routing_key: str, body: bytes,
                 properties: dict[str, Any], mandatory: bool) -> None:
@@ -632,9 +634,15 @@ class Subscription:
 
     def drain(self, timeout: float) -> None:
         """Dispatch deliveries for up to ``timeout`` seconds (returns quietly on a quiet queue)."""
-        assert self.conn is not None
-        with using(self._beat), suppress(socket.timeout, TimeoutError):
-            self.conn.drain_events(timeout=timeout)
+        conn = self.conn
+        assert conn is not None
+        try:  # once per delivery: a plain call, no context manager
+            if self._beat is None:
+                conn.drain_events(timeout=timeout)
+            else:
+                self._beat.read(lambda: conn.drain_events(timeout=timeout))
+        except TimeoutError:  # socket.timeout is TimeoutError
+            pass
 
     def cancel(self) -> None:
         """Stop consuming; deliveries already sent before the cancel still reach ``on_message``."""
