@@ -160,13 +160,19 @@ class Running:
     """
 
     since: float | None = None  # monotonic clock; None between calls
-    message_ids: tuple[str, ...] = ()
     warned: bool = False
+    _ctx: Any = field(default=None, repr=False)
 
-    def enter(self, ctx: Any) -> None:
+    @property
+    def message_ids(self) -> tuple[str, ...]:
+        """The ids of the call's message(s): worked out when a reader asks, not on every call."""
+        ctx = self._ctx
         message = getattr(ctx, "message", None)
         messages = getattr(ctx, "messages", None) or ([message] if message is not None else [])
-        self.message_ids = tuple(str(m.id) for m in messages)
+        return tuple(str(m.id) for m in messages)
+
+    def enter(self, ctx: Any) -> None:
+        self._ctx = ctx
         self.warned = False
         self.since = time.monotonic()
 
@@ -194,6 +200,9 @@ class Invoker:
     takes_context: bool = True
     running: Running = field(default_factory=Running)
     _bean: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._function = None if self.spec.is_bean else self.spec.target  # looked up once
 
     @classmethod
     def for_spec(cls, spec: HandlerSpec) -> Invoker:
@@ -224,10 +233,14 @@ class Invoker:
             self.running.leave()
 
     def _call(self, argument: Any, ctx: Any) -> None:
-        args = (argument, ctx) if self.takes_context else (argument,)
-        if not self.spec.is_bean:
-            self.spec.target(*args)
+        function = self._function
+        if function is not None:
+            if self.takes_context:
+                function(argument, ctx)
+            else:
+                function(argument)
             return
+        args = (argument, ctx) if self.takes_context else (argument,)
         bean = self._instance()
         try:
             bean.on_message(*args)

@@ -55,6 +55,10 @@ T = TypeVar("T")
 Decision = Literal["stop", "continue"]
 
 
+def _infrastructure(outcome: Outcome) -> bool:
+    return outcome.kind == "infrastructure"
+
+
 class PortView(Protocol):
     """What the pipeline needs of its listener port (met by ``port.ListenerPort``)."""
 
@@ -124,13 +128,8 @@ class Pipeline:
         consumer = self.consumer
         consumer.delivering_since = self._started = time.monotonic()
         try:
-            try:
-                self._process(delivery)  # the hot path: no closure, no retry object
-            except Exception as exc:
-                if not is_infrastructure(exc):
-                    raise
-                if self._wait_out(lambda: self._process(delivery), None, exc) is _GAVE_UP:
-                    self.acks.hand_back(delivery, delivery.message_id)
+            if self._through_outages(self._process, delivery) is _GAVE_UP:
+                self.acks.hand_back(delivery, delivery.message_id)
         except connection_errors():
             raise  # the broker is gone: the consumer reconnects; the broker requeues
         except Exception as exc:
@@ -154,17 +153,19 @@ class Pipeline:
     def release(self) -> None:
         """The channel is gone: forget what was received but not started."""
 
-    def _through_outages(self, call: Callable[[], T], failed: Callable[[T], bool] | None = None) -> Any:
-        """Run ``call``, holding the delivery while the database is away (returns ``_GAVE_UP``
-        when the port stops meanwhile). The first try is outside tenacity: the hot path."""
+    def _through_outages(self, call: Callable[..., T], *args: Any,
+                         failed: Callable[[T], bool] | None = None) -> Any:
+        """Run ``call(*args)``, holding the delivery while the database is away (returns
+        ``_GAVE_UP`` when the port stops meanwhile). The first try is outside tenacity, and
+        makes no closure: the hot path."""
         try:
-            result = call()
+            result = call(*args)
         except Exception as exc:
             if not is_infrastructure(exc):
                 raise
-            return self._wait_out(call, failed, exc)
+            return self._wait_out(lambda: call(*args), failed, exc)
         if failed is not None and failed(result):
-            return self._wait_out(call, failed, getattr(result, "error", None))
+            return self._wait_out(lambda: call(*args), failed, getattr(result, "error", None))
         return result
 
     def _wait_out(self, call: Callable[[], T], failed: Callable[[T], bool] | None,
@@ -257,8 +258,7 @@ class Pipeline:
     def _deliver(self, delivery: Delivery, message: Message) -> None:
         started = time.perf_counter()
         crash_point("before-handler")
-        outcome = self._through_outages(lambda: self._run(delivery, message),
-                                        failed=lambda o: o.kind == "infrastructure")
+        outcome = self._through_outages(self._run, delivery, message, failed=_infrastructure)
         if outcome is _GAVE_UP:
             self.acks.hand_back(delivery, message.id)
             return
@@ -275,9 +275,7 @@ class Pipeline:
             move_copy=lambda queue, reason: self.backout.copy(delivery, queue, reason, 0, None),
             client_ack=self.acks.begin(delivery, message.id),
         )
-        ctx = MessageContext(message, self.port.name, unit)
-        argument = self._argument
-        return unit.run(lambda: self.invoker(argument, ctx))
+        return unit.run(self.invoker, self._argument, MessageContext(message, self.port.name, unit))
 
     # -- outcomes ----------------------------------------------------------
 
@@ -316,7 +314,7 @@ class Pipeline:
         self._log(logging.WARNING, "failed", message.id, message.redelivery_count,
                   describe(outcome.error))
         # Counted before the requeue; while the database is away the count (and the message) waits.
-        counted = self._through_outages(lambda: self.resources.counter.fail(self.queue, message.id, text))
+        counted = self._through_outages(self.resources.counter.fail, self.queue, message.id, text)
         if counted is _GAVE_UP:  # the port stopped meanwhile: back uncounted, as a hand-back
             self.acks.hand_back(delivery, message.id)
             return

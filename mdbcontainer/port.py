@@ -396,7 +396,8 @@ class PortConsumer:
     def _drain(self, sub: Subscription, pipeline: Pipeline) -> None:
         self.port.resources.recovered("broker")
         self._set_consuming(True)
-        while self._should_run():
+        stop, resources = self.port.stop_event, self.port.resources  # _should_run, once a delivery
+        while not stop.is_set() and not resources.shutting_down:
             self.alive_at = time.monotonic()
             sub.drain(pipeline.wait_limit(0.5))
             pipeline.tick()
