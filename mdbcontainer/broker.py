@@ -640,7 +640,7 @@ class Subscription:
             if self._beat is None:
                 conn.drain_events(timeout=timeout)
             else:
-                self._beat.read(lambda: conn.drain_events(timeout=timeout))
+                self._beat.read(conn.drain_events, timeout=timeout)
         except TimeoutError:  # socket.timeout is TimeoutError
             pass
 

@@ -226,20 +226,20 @@ class Invoker:
         return validate_body(self.adapter, message.body)
 
     def __call__(self, argument: Any, ctx: Any) -> None:
-        self.running.enter(ctx)
+        running = self.running
+        running.enter(ctx)
         try:
-            self._call(argument, ctx)
-        finally:
-            self.running.leave()
-
-    def _call(self, argument: Any, ctx: Any) -> None:
-        function = self._function
-        if function is not None:
-            if self.takes_context:
+            function = self._function
+            if function is None:
+                self._call_bean(argument, ctx)
+            elif self.takes_context:
                 function(argument, ctx)
             else:
                 function(argument)
-            return
+        finally:
+            running.since = None  # Running.leave(), without the call
+
+    def _call_bean(self, argument: Any, ctx: Any) -> None:
         args = (argument, ctx) if self.takes_context else (argument,)
         bean = self._instance()
         try:

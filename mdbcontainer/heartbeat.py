@@ -103,14 +103,15 @@ class Heartbeat:
             finally:
                 self._away, self._holder = was_away, holder
 
-    def read(self, call: Callable[[], T]) -> T:
-        """:meth:`reading` around one call, without a generator: a consumer drains once per delivery."""
+    def read(self, call: Callable[..., T], **kwargs: Any) -> T:
+        """:meth:`reading` around ``call(**kwargs)``, without a generator: a consumer drains once
+        per delivery."""
         with self.lock:
             holder, self._holder = self._holder, threading.get_ident()
             was_away, self._away = self._away, False
             try:
                 self.tick()
-                return call()
+                return call(**kwargs)
             finally:
                 self._away, self._holder = was_away, holder
 

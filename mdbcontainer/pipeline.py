@@ -298,7 +298,7 @@ class Pipeline:
             self.tally.count("duplicate_skipped")
             self._log(logging.INFO, "duplicate_skipped", message.id, None, "already handled, not again")
             return
-        self.tally.count("handled")
+        self.tally.outcomes["handled"] += 1
         self.port.after_success()
         self.tally.end_to_end(delivery.timestamp)
         if log.isEnabledFor(logging.DEBUG):  # per successful message only when asked
