@@ -7,7 +7,11 @@ backout queue, stops a port after its maximum retries, and keeps a dedup
 table so each message's database work commits once.
 """
 
-from .context import BatchContext, MessageContext
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     BrokerError,
     BrokerUnavailable,
@@ -23,10 +27,30 @@ from .errors import (
     TransactionError,
     Unroutable,
 )
-from .handlers import message_driven
-from .message import Message
-from .producer import Producer
-from .settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from .context import BatchContext, MessageContext
+    from .handlers import message_driven
+    from .message import Message
+    from .producer import Producer
+    from .settings import Settings, load_settings
+
+# Imported on first use: ``mdb send`` loads the CLI through this package, and the
+# handler and transaction machinery (SQLAlchemy) would cost it a second.
+_LAZY = {
+    "BatchContext": "context", "MessageContext": "context", "message_driven": "handlers",
+    "Message": "message", "Producer": "producer", "Settings": "settings", "load_settings": "settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BatchContext",

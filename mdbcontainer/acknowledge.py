@@ -151,13 +151,13 @@ class Acknowledger:
         """Graceful stop, channel still open: flush, or hand back what is held."""
 
     def release(self) -> None:
-        """The channel is closing or lost: the broker requeues what is held; record it as handed back."""
-        held, self._held = self._held, []
-        self._record_hand_back([message_id for _, message_id in held])
+        """The channel is closing or lost: the broker requeues what is held.
 
-    def record_hand_back(self, ids: list[str]) -> None:
-        """Record deliveries the broker requeues unprocessed (a lost channel), so they do not count."""
-        self._record_hand_back(ids)
+        Nothing is written: records made now would come after the broker
+        requeued, too late for a competing consumer. The connection's lease,
+        ended by the consumer, says that none of its deliveries counts (counts.py).
+        """
+        self._held = []
 
     def _record_hand_back(self, ids: list[str]) -> None:
         if not ids:

@@ -88,9 +88,12 @@ class BatchPipeline(Pipeline):
             self.acks.hand_back(item.delivery, item.message.id)
 
     def release(self) -> None:
-        """The channel is gone: the broker requeues the gathered batch; recorded as handed back."""
-        gathered, self._gathered = self._gathered, []
-        self.acks.record_hand_back([item.message.id for item in gathered])
+        """The channel is gone: the broker requeues the gathered batch.
+
+        Nothing is written: the connection's lease, ended by the consumer, says
+        that none of its deliveries counts (counts.py).
+        """
+        self._gathered = []
 
     # -- running -----------------------------------------------------------
 

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable
-from contextlib import suppress
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kombu
 import tenacity
-from amqp.exceptions import AccessRefused
+from amqp.exceptions import AccessRefused, NotAllowed
 from kombu.exceptions import OperationalError as KombuOperationalError
 
+from .delays import wait_queues
 from .delivery import Delivery
 from .errors import BrokerUnavailable, PublishError, QueueUnavailable, Unroutable
-from .heartbeat import Heartbeat, using
+from .heartbeat import Heartbeat, outside, using
 from .ownership import OwnerLock, in_use
 from .retry import DEFAULT as RETRY
 from .settings import EMBEDDED_DEFAULT_FILE, Settings, broker_urls, mask_url
@@ -101,6 +103,7 @@ class Broker:
         self.heartbeat = int(settings.container.heartbeat.total_seconds())
         self.is_embedded = self.url.startswith(EMBEDDED)
         self.capabilities = EMBEDDED_CAPS if self.is_embedded else RABBITMQ
+        self._waits: dict[str, dict[str, Any]] | None = None  # wait queue -> arguments, when asked
 
     @property
     def embedded_path(self) -> str:
@@ -108,7 +111,7 @@ class Broker:
         return self.url[len(EMBEDDED):] or EMBEDDED_DEFAULT_FILE
 
     def route(self, destination: str) -> tuple[str, str, bool]:
-        """(exchange, routing key, mandatory) of a destination, as contract section 6 names them.
+        """(exchange, routing key, mandatory) of a destination, as the README's *Guarantees* name them.
 
         A topic named in the settings is its exchange, published with the topic's
         name as routing key and not mandatory (no subscriber drops it, as JMS does);
@@ -174,7 +177,7 @@ class Broker:
             conn = self.connection(confirms=confirms, heartbeat=heartbeat, node=node)
             try:
                 conn.connect()
-            except AccessRefused as exc:
+            except (AccessRefused, NotAllowed) as exc:  # a wrong user, password or vhost
                 with suppress(Exception):
                     conn.close()
                 raise self._login_refused(exc) from exc
@@ -205,6 +208,23 @@ class Broker:
         """
         return BrokerUnavailable(f"broker {self.masked_url} refused the login: {describe(exc)}")
 
+    def verify_login(self) -> BrokerUnavailable | None:
+        """Connect once: raise a refused login or vhost, return (not raise) a broker that is away.
+
+        ``mdb check`` and the start of ``mdb run`` tell the two apart: a wrong
+        user, password or vhost is a configuration error no retry can fix; a
+        broker that is down may come up, and ``mdb run`` waits for it.
+        """
+        try:
+            self.connect_once().close()
+        except BrokerUnavailable as exc:
+            if broker_refused(exc):
+                raise
+            return exc
+        except connection_errors() as exc:
+            return BrokerUnavailable(f"broker {self.masked_url} not reachable: {describe(exc)}")
+        return None
+
     def connect(self, *, confirms: bool = False, timeout: float | None = None,
                 heartbeat: bool = False) -> kombu.Connection:
         """Connect within ``timeout`` (default ``connect_timeout``) or raise BrokerUnavailable."""
@@ -223,7 +243,7 @@ class Broker:
     # -- topology ----------------------------------------------------------
 
     def queue_arguments(self, name: str) -> dict[str, Any]:
-        """The declare arguments of queue ``name``: none unless its settings ask (contract section 6)."""
+        """The declare arguments of queue ``name``: none unless its settings ask."""
         q = self.settings.queue(name)
         args: dict[str, Any] = {}
         if q.max_priority:
@@ -243,8 +263,19 @@ class Broker:
         self._declare(channel, name)
 
     def _declare(self, channel: Any, name: str) -> None:
-        arguments = self.queue_arguments(name)
+        """Declare queue ``name``, then the queues its failed messages wait on (delays.py), if any."""
+        self._declare_with(channel, name, self.queue_arguments(name))
+        for wait, arguments in wait_queues(name, self.settings.queue(name)).items():
+            self._declare_with(channel, wait, arguments)
 
+    def wait_queue_arguments(self, name: str) -> dict[str, Any] | None:
+        """The declare arguments of ``name`` if it is a wait queue of a queue the settings name."""
+        if self._waits is None:
+            self._waits = {wait: args for queue, q in self.settings.queues.items()
+                           for wait, args in wait_queues(queue, q).items()}
+        return self._waits.get(name)
+
+    def _declare_with(self, channel: Any, name: str, arguments: dict[str, Any]) -> None:
         def declare() -> None:
             channel.queue_declare(queue=name, durable=True, auto_delete=False, arguments=arguments or None)
 
@@ -289,6 +320,8 @@ class Broker:
             self.declare_topic(channel, destination)
         elif self.settings.names_queue(destination):
             self.declare_queue(channel, destination)
+        elif (arguments := self.wait_queue_arguments(destination)) is not None:
+            self._declare_with(channel, destination, arguments)  # deleted by an operator? back again
         return route
 
 
@@ -453,6 +486,20 @@ class Publisher:
             self.close()
             raise PublishError(f"publish of {len(items)} message(s) failed: {describe(exc)}") from exc
         return errors
+
+    def depth(self, queue: str) -> int | None:
+        """Messages ready on ``queue`` (a passive declare), or None when it does not exist."""
+        channel = self.channel
+        try:
+            with using(self._beat):
+                return int(channel.queue_declare(queue=queue, passive=True).message_count)
+        except connection_errors():
+            self.close()
+            raise
+        except Exception as exc:  # NOT_FOUND closes the channel: open a new one next time
+            self.close()
+            log.debug("queue %s not measured: %s", queue, describe(exc))
+            return None
 
     def _unroutable(self, routing_key: str) -> Unroutable:
         self._declared.discard(routing_key)  # deleted since declared? the next route declares it
@@ -632,15 +679,21 @@ class Subscription:
         # deleted in the meantime; the commit has already happened.
         log.error("transacted publish to %r returned unroutable: %s", exchange or routing_key, exc)
 
+    @contextmanager
+    def between_reads(self) -> Iterator[None]:
+        """The owner works without reading (a lingered batch): heartbeats go on meanwhile."""
+        with outside(self._beat):
+            yield
+
     def drain(self, timeout: float) -> None:
         """Dispatch deliveries for up to ``timeout`` seconds (returns quietly on a quiet queue)."""
         conn = self.conn
         assert conn is not None
-        try:  # once per delivery: a plain call, no context manager
+        try:  # once per delivery: plain calls, no context manager
             if self._beat is None:
                 conn.drain_events(timeout=timeout)
             else:
-                self._beat.read(conn.drain_events, timeout=timeout)
+                self._beat.read(_read_until_method, conn.connection, timeout)
         except TimeoutError:  # socket.timeout is TimeoutError
             pass
 
@@ -666,9 +719,29 @@ class Subscription:
             owner.release()
 
 
+def _read_until_method(amqp_conn: Any, timeout: float) -> None:
+    """Read frames until a method frame came, or ``timeout`` is up.
+
+    Not py-amqp's drain_events: it reads on until a method frame comes, each
+    broker heartbeat starting its timeout again, so on a quiet queue it can hold
+    the lock for ever and our own heartbeats stop (the broker then closes us).
+    """
+    deadline = time.monotonic() + timeout
+    while not amqp_conn.blocking_read(timeout):
+        timeout = deadline - time.monotonic()
+        if timeout <= 0:
+            return
+
+
 def _worth_retrying(exc: BaseException) -> bool:
     """A lost or refused connection, but not a refused login (retrying cannot fix it)."""
-    return isinstance(exc, connection_errors()) and not isinstance(exc.__cause__, AccessRefused)
+    return isinstance(exc, connection_errors()) and not broker_refused(exc)
+
+
+def broker_refused(exc: BaseException) -> bool:
+    """The broker refused the URL's user, password (ACCESS_REFUSED) or vhost (NOT_ALLOWED)."""
+    refusals = (AccessRefused, NotAllowed)
+    return isinstance(exc, refusals) or isinstance(exc.__cause__, refusals)
 
 
 def describe(exc: BaseException | None) -> str:

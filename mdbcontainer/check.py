@@ -1,10 +1,15 @@
-"""``mdb check``'s advice on poison-message and cluster settings, in words (seed 000's advice)."""
+"""``mdb check``'s advice on poison-message and cluster settings, and its look at the services.
+
+The advice follows the README's *Guarantees* (Maximum retries and the backout
+threshold) and *A RabbitMQ cluster*.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .settings import Settings
+from .errors import BrokerUnavailable, SettingsError
+from .settings import Settings, mask_url
 
 if TYPE_CHECKING:
     from .container import Binding
@@ -29,6 +34,8 @@ def warnings_for(settings: Settings, bindings: list[Binding]) -> list[str]:
                 "stops before a poison message is backed out; someone must restart it "
                 f"(mdb port start {binding.name}) for each failure up to the threshold. "
                 "Set max_retries >= backout_threshold to back poison out without stopping"
+                + (" (0 and 5 are the defaults, WebSphere's; README: Settings for a new service)"
+                   if (retries, threshold) == (0, 5) else "")
             )
         lines += _classic_backout(settings, queue, where)
     return lines
@@ -46,3 +53,50 @@ def _classic_backout(settings: Settings, queue: str, where: str) -> list[str]:
         f"node holding {backout!r} is down, poison messages cannot be moved and wait on {queue!r}. "
         f"Set [queues.\"{backout}\"] quorum = true"
     ]
+
+
+def verify_services(settings: Settings) -> list[str]:
+    """Connect once to the broker and the database: raise on settings they refuse, else warn.
+
+    A missing database or role, a wrong password, a refused broker login or
+    vhost cannot be waited out: it is a settings error (exit 2) that names the
+    setting, so ``mdb check`` in a deployment's pre-start step catches it. A
+    service that is merely down is a warning: ``mdb run`` waits for it.
+    """
+    return [line for line in (_verify_broker(settings), _verify_database(settings)) if line]
+
+
+def _verify_broker(settings: Settings) -> str | None:
+    from .broker import Broker
+
+    broker = Broker(settings)
+    if broker.is_embedded:  # a file of ours: nothing to refuse
+        return None
+    try:
+        away = broker.verify_login()
+    except BrokerUnavailable as exc:  # refused: the login, the password or the vhost
+        raise SettingsError(f"container.broker_url: {exc}") from exc
+    return f"{away}; mdb run waits for it" if away else None
+
+
+def _verify_database(settings: Settings) -> str | None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .broker import describe
+    from .store import make_engine
+    from .transactions import database_refused
+
+    url = settings.container.database_url
+    if make_url(url).get_backend_name() == "sqlite":  # a file of ours: nothing to refuse
+        return None
+    engine = make_engine(url, timeout=settings.container.database_timeout)
+    try:
+        engine.connect().close()
+    except SQLAlchemyError as exc:
+        if database_refused(exc):
+            raise SettingsError(f"container.database_url: {describe(exc)}") from exc
+        return f"database {mask_url(url)} not reachable: {describe(exc)}; mdb run waits for it"
+    finally:
+        engine.dispose()
+    return None

@@ -26,7 +26,6 @@ except ImportError:  # pragma: no cover
         ClickException,
         NoArgsIsHelpError,
     )
-from sqlalchemy.exc import SQLAlchemyError
 
 from .errors import MdbError
 from .logs import setup_logging
@@ -106,10 +105,18 @@ def guarded(action: Callable[[], T]) -> T:
         from .broker import describe
 
         fail(f"{exc.filename}: {exc.strerror}" if exc.filename else describe(exc), 1)
-    except SQLAlchemyError as exc:  # the database is away or refused: one line, not a traceback
+    except Exception as exc:  # the database is away or refused: one line, not a traceback
+        if not _from_sqlalchemy(exc):
+            raise
         from .broker import describe
 
         fail(f"database: {describe(exc)}", 1)
+
+
+def _from_sqlalchemy(exc: Exception) -> bool:
+    """A SQLAlchemy error, without importing SQLAlchemy (a second of ``mdb send``) to ask."""
+    errors = sys.modules.get("sqlalchemy.exc")
+    return errors is not None and isinstance(exc, errors.SQLAlchemyError)
 
 
 def settings_for(config: Path | None) -> Settings:
@@ -168,6 +175,7 @@ def run(
         setup_logging(settings.container, process_index)
         raise typer.Exit(guarded(lambda: run_supervised(settings, port, supervisor, report_fd)))
     setup_logging(settings.container)
+    refuse_wrong_logins(settings)
     count = processes or settings.container.processes
     if count > 1:
         from .supervisor import Supervisor
@@ -178,12 +186,20 @@ def run(
     raise typer.Exit(guarded(container.run))
 
 
+def refuse_wrong_logins(settings: Settings) -> None:
+    """Exit 2 on a database or broker that refuses the settings; one that is down is waited for."""
+    from .check import verify_services
+
+    guarded(lambda: verify_services(settings))
+
+
 @app.command(cls=Command)
 def check(config: ConfigOption = None) -> None:
-    """Validate the settings and import the listeners; warn about risky poison-message settings."""
+    """Validate the settings, import the listeners, connect to the broker and the database;
+    warn about risky poison-message settings."""
     from .acknowledge import check_mode
     from .broker import Broker
-    from .check import warnings_for
+    from .check import verify_services, warnings_for
     from .container import bind
     from .metadata import load_metadata
 
@@ -197,7 +213,7 @@ def check(config: ConfigOption = None) -> None:
         from .supervisor import validate
 
         guarded(lambda: validate(settings, None, settings.container.processes))
-    warnings = warnings_for(settings, bindings)
+    warnings = warnings_for(settings, bindings) + guarded(lambda: verify_services(settings))
     for line in warnings:
         typer.echo(f"warning: {line}", err=True)
     typer.echo(
@@ -227,6 +243,33 @@ def parse_body(text: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         usage_error(f"{source} is not JSON ({exc}); quote text as a JSON string: '\"text\"'")
+
+
+def parse_lines(text: str) -> list[Any]:
+    """``@FILE --lines``: one JSON body per line (JSON Lines); blank lines are skipped.
+
+    Every line is read before anything is sent, so a bad line sends nothing.
+    """
+    if not text.startswith("@"):
+        usage_error("--lines reads a file: give BODY as @FILE (one JSON body per line)")
+    source = text[1:]
+    try:
+        lines = Path(source).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        usage_error(f"BODY {source}: cannot read: {exc.strerror}")
+    except UnicodeDecodeError as exc:
+        usage_error(f"BODY {source}: not UTF-8 ({exc.reason} at byte {exc.start})")
+    bodies = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            bodies.append(json.loads(line))
+        except ValueError as exc:
+            usage_error(f"{source}:{number} is not JSON ({exc}); nothing was sent")
+    if not bodies:
+        usage_error(f"BODY {source}: no JSON lines to send")
+    return bodies
 
 
 def positive_seconds(option: str, text: str) -> float:
@@ -282,13 +325,20 @@ def send(
                      help="Correlation id, to match a reply to its request (default: none)."),
     ] = None,
     count: Annotated[
-        int, typer.Option(metavar="N", help="Send N copies (ids ID-1..ID-N with --id).", min=1)
+        int, typer.Option(metavar="N", min=1,
+                          help="Send N copies of the same body (ids ID-1..ID-N with --id).")
     ] = 1,
+    lines: Annotated[
+        bool, typer.Option("--lines", help="BODY is @FILE of JSON Lines: one message per line "
+                                            "(ids ID-1..ID-N with --id).")
+    ] = False,
 ) -> None:
-    """Send a message (confirmed by the broker); print its id."""
+    """Send a message (confirmed by the broker), or one per line of a file; print each id."""
     from .producer import Producer
 
-    data = parse_body(body)
+    if lines and count > 1:
+        usage_error("--lines sends one message per line; --count copies one body: choose one")
+    bodies = parse_lines(body) if lines else [parse_body(body)] * count
     headers = parse_headers(header or [])
     if ttl is not None:
         positive_seconds("--ttl", ttl)
@@ -296,8 +346,8 @@ def send(
 
     def go() -> None:
         with Producer.from_settings(settings) as producer:
-            for n in range(count):
-                mid = message_id if count == 1 or not message_id else f"{message_id}-{n + 1}"
+            for n, data in enumerate(bodies):
+                mid = message_id if len(bodies) == 1 or not message_id else f"{message_id}-{n + 1}"
                 sent = producer.send(
                     destination, data, priority=priority, ttl=ttl, persistent=not non_persistent,
                     headers=headers, message_id=mid, reply_to=reply_to,
@@ -320,17 +370,21 @@ def ports(
     ] = False,
     iterations: Annotated[int | None, typer.Option(hidden=True, min=1)] = None,
 ) -> None:
-    """Every port of every running container: state, reason, counts."""
+    """Every port of every running container: state, reason, counts (each since its container started)."""
     from .operate import show_ports
 
     if watch and as_json:
         usage_error("--watch draws a live table; for scripts, poll mdb ports --json instead")
-    settings = settings_for(config)
     if watch:
-        from .watch import watch as watch_ports
+        try:
+            watched = settings_for(config)
+            from .watch import watch as watch_ports
 
-        guarded(lambda: watch_ports(settings, iterations))
+            guarded(lambda: watch_ports(watched, iterations))
+        except KeyboardInterrupt:  # Ctrl-C before the first draw leaves as it does after: exit 0
+            pass
         return
+    settings = settings_for(config)
     guarded(lambda: show_ports(settings, as_json))
 
 
@@ -489,7 +543,7 @@ def console(
     raise typer.Exit(guarded(lambda: serve(settings, bind)))
 
 
-# -- request/reply and durable subscriptions (seed 001) ----------------------------
+# -- request/reply and durable subscriptions (README: JMS reliability mechanisms) ---
 
 
 @app.command(cls=Command)

@@ -20,20 +20,23 @@ from pathlib import Path
 from typing import Any
 
 import tenacity
+from sqlalchemy import MetaData
+from sqlalchemy.exc import SQLAlchemyError
 
 from .broker import Broker, Publisher, describe
 from .control import Wanted
+from .delays import wait_queues
 from .endpoints import OperationsServer
 from .errors import ListenerError, SettingsError
 from .handlers import HandlerSpec, Invoker, import_listeners
 from .logs import fields
-from .metadata import load_metadata
+from .metadata import create_missing, load_metadata
 from .port import ListenerPort
 from .resources import SharedResources
 from .retry import DEFAULT as RETRY
 from .settings import PortSettings, Settings, validate_port
 from .store import Store
-from .transactions import is_infrastructure
+from .transactions import database_refused, is_infrastructure
 
 log = logging.getLogger("mdbcontainer.container")
 
@@ -144,6 +147,7 @@ class Container:
         self.ports = {b.name: self._port(b) for b in self.bindings}
         self._threads: list[threading.Thread] = []
         self._generations: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}  # per port: messages waiting out a redelivery delay
         self.endpoints: OperationsServer | None = None
         for port in self.ports.values():
             self._bind_metrics(port)
@@ -232,6 +236,7 @@ class Container:
         if self.endpoints is not None:
             self.endpoints.stop()
         try:
+            self.resources.counter.end_leases_of(self.id)
             self.resources.control.deregister()
         except Exception as exc:
             log.warning("could not deregister container %s: %s", self.id, describe(exc))
@@ -246,9 +251,7 @@ class Container:
         def prepare() -> dict[str, Wanted]:
             self.store.create_tables()
             if self.metadata is not None:
-                self.metadata.create_all(self.store.engine)
-                log.info("created the missing tables of %s (%d table(s))",
-                         self.settings.container.metadata, len(self.metadata.tables))
+                self._create_application_tables(self.metadata)
             self.resources.control.register()
             return self.resources.control.wanted()
 
@@ -257,10 +260,27 @@ class Container:
             log.warning("database unavailable at start (attempt %d): %s; retrying in %.1fs",
                         state.attempt_number, describe(error), state.upcoming_sleep)
 
-        retrying = RETRY.until_stopped(self._stop, retry=tenacity.retry_if_exception(is_infrastructure),
+        def outage(exc: BaseException) -> bool:  # a missing database or a wrong login is no outage
+            return is_infrastructure(exc) and not database_refused(exc)
+
+        retrying = RETRY.until_stopped(self._stop, retry=tenacity.retry_if_exception(outage),
                                        before_sleep=before_sleep)
-        wanted: dict[str, Wanted] = retrying(prepare)
+        try:
+            wanted: dict[str, Wanted] = retrying(prepare)
+        except SQLAlchemyError as exc:
+            if database_refused(exc):
+                raise SettingsError(f"container.database_url: {describe(exc)}") from exc
+            raise
         return wanted
+
+    def _create_application_tables(self, metadata: MetaData) -> None:
+        """``container.metadata``'s missing tables, and a log line that says which (or none)."""
+        created = create_missing(metadata, self.store.engine)
+        reference = self.settings.container.metadata
+        if created:
+            log.info("created %d table(s) of %s: %s", len(created), reference, ", ".join(created))
+        else:
+            log.info("all %d table(s) of %s exist; none created", len(metadata.tables), reference)
 
     def request_stop(self) -> None:
         """Stop as the first SIGTERM would (gracefully), without counting as a signal."""
@@ -363,7 +383,7 @@ class Container:
                 "handled": s.handled, "duplicate_skipped": s.duplicate_skipped,
                 "invalid_body": s.invalid_body, "since": port.since.isoformat(),
                 "batch_size": port.settings.batch_size, "batches": s.batches,
-                "batched": s.batched, "fallbacks": s.fallbacks,
+                "batched": s.batched, "fallbacks": s.fallbacks, "waiting": self._waiting.get(name, 0),
                 "stuck": [stuck.row() for stuck in port.stuck()],
             })
         return rows
@@ -375,6 +395,7 @@ class Container:
             while not self._stop.wait(RELAY_EVERY):
                 self._relay(publisher)
                 self._measure_outbox()
+                self._measure_waiting(publisher)
                 if time.monotonic() - last_purge >= PURGE_EVERY:
                     last_purge = time.monotonic()
                     self.purge()
@@ -394,6 +415,20 @@ class Container:
             self.resources.metrics.outbox_backlog.set(self.resources.outbox.backlog())
         except Exception as exc:
             log.debug("outbox backlog not measured: %s", describe(exc))
+
+    def _measure_waiting(self, publisher: Publisher) -> None:
+        """Messages of each port's queue waiting out a redelivery delay: its wait queues' depth."""
+        for name, port in self.ports.items():
+            waits = wait_queues(port.queue, port.queue_settings)
+            if not waits:
+                continue
+            try:
+                self._waiting[name] = sum(publisher.depth(queue) or 0 for queue in waits)
+                self.resources.metrics.waiting.labels(port=name).set(self._waiting[name])
+            except Exception as exc:
+                publisher.close()
+                log.debug("waiting messages of port %s not measured: %s", name, describe(exc))
+                return
 
     def purge(self) -> int:
         try:

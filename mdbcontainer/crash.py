@@ -28,6 +28,8 @@ POINTS = (
     "mid-replay",
     "before-commit",  # a batch's handlers ran, its outbox rows are written, not yet committed
     "mid-acks",  # some messages of a batch acknowledged, the others not yet
+    "before-wait",  # a failure counted, its move to a redelivery wait not yet published
+    "mid-wait",  # the copy on the wait queue confirmed, the original not yet acknowledged
 )
 
 _spec = os.environ.get("MDB_CRASH_AT", "")

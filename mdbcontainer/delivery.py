@@ -19,6 +19,15 @@ from typing import Any
 from .message import Message, decode_body, from_epoch
 from .outgoing import DELIVERY_MODE_PERSISTENT, Outgoing
 
+# Headers a message carries while it waits out a redelivery delay (delays.py). The handler never
+# sees them: a message comes back "with the producer's headers as they were" (README).
+WAITED = "x-mdb-waited"  # the wait it came back from; marks a redelivery the broker does not flag
+WAIT_EXPIRES_AT = "x-mdb-expires-at"  # its expiry: the broker drops ``expiration`` when it dead-letters
+WAIT_HEADERS = frozenset({
+    WAITED, WAIT_EXPIRES_AT, "x-mdb-original-destination", "x-mdb-port", "x-mdb-redelivery-count",
+    "x-mdb-exception", "x-mdb-failed-at",
+})
+
 # The AMQP properties a copy keeps (headers are handled apart; expiration is dropped).
 _COPIED_PROPERTIES = (
     "content_type", "content_encoding", "delivery_mode", "priority", "correlation_id",
@@ -55,6 +64,11 @@ class Delivery:
     @property
     def headers(self) -> dict[str, Any]:
         return dict(self._raw.headers or {})
+
+    def header(self, name: str) -> Any:
+        """One header, or None (without copying them all: the hot path asks for one)."""
+        headers = self._raw.headers
+        return headers.get(name) if headers else None
 
     @property
     def body(self) -> bytes:
@@ -94,7 +108,8 @@ class Delivery:
         """When a message with a TTL expires: its timestamp plus its ``expiration``."""
         expiration = self._raw.properties.get("expiration")
         if not expiration:  # the common case: no datetime work at all
-            return None
+            waited = self.header(WAIT_EXPIRES_AT)  # back from a wait: the expiry it kept
+            return _parse_instant(waited) if waited else None
         stamp = from_epoch(self._raw.properties.get("timestamp"))
         if stamp is None:
             return None
@@ -195,6 +210,15 @@ class _Envelope(Message):
         return from_epoch(self._delivery.properties.get("timestamp"))
 
 
+def _parse_instant(text: Any) -> datetime | None:
+    """An ISO 8601 instant from a header (UTC when it names no zone); None when it is not one."""
+    try:
+        instant = datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
+
+
 def envelope(delivery: Delivery, message_id: str, count: int, accept: list[str] | frozenset[str],
              max_bytes: int, destination: str) -> Message:
     """The handler's Message for a delivery (decoding the body; may raise InvalidBody)."""
@@ -213,6 +237,31 @@ def envelope(delivery: Delivery, message_id: str, count: int, accept: list[str] 
     _set(message, "content_type", content_type)
     _set(message, "raw", data)
     return message
+
+
+    props = delivery.properties
+    data = delivery.body
+    body = decode_body(data, delivery.content_type, accept, max_bytes, delivery.content_encoding)
+    priority = props.get("priority")
+    headers = delivery.headers
+    if WAITED in headers:  # back from a redelivery delay: the producer's headers only
+        headers = {k: v for k, v in headers.items() if k not in WAIT_HEADERS}
+    return Message(
+        id=message_id,
+        body=body,
+        headers=headers,
+        redelivery_count=count,
+        redelivered=delivery.redelivered or count > 0,
+        priority=priority if isinstance(priority, int) and 0 <= priority <= 255 else 0,
+        expires_at=delivery.expires_at(),
+        persistent=props.get("delivery_mode") == DELIVERY_MODE_PERSISTENT,  # AMQP: absent is transient
+        reply_to=props.get("reply_to"),
+        correlation_id=props.get("correlation_id"),
+        timestamp=from_epoch(props.get("timestamp")),
+        destination=destination,
+        content_type=delivery.content_type,
+        raw=data,
+    )
 
 
 class HeldMessages:

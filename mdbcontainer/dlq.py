@@ -45,9 +45,12 @@ from .tables import Column, fit
 
 ORIGINAL_DESTINATION = "x-mdb-original-destination"
 EXCEPTION = "x-mdb-exception"
+BACKOUT_REASON = "x-mdb-backout-reason"
 # The broker's count of deliveries from the backout queue, not the message's own.
 BROKER_COUNT = "x-delivery-count"
-SUMMARY_WIDTH = 72
+# The exception's last line, whole in the table's second line up to this many characters
+# (``mdb dlq show ID`` prints all of it).
+SUMMARY_WIDTH = 300
 # ``mdb dlq show`` prints this much of a body unless asked for --full: a 2 MB body
 # would scroll the headers and the exception out of sight.
 BODY_PREVIEW = 2000
@@ -88,7 +91,7 @@ class DeadLetter:
             "id": self.id,
             "original_destination": self.original_destination,
             "port": _text_or_none(self.headers.get("x-mdb-port")),
-            "reason": _text_or_none(self.headers.get("x-mdb-backout-reason")),
+            "reason": _text_or_none(self.headers.get(BACKOUT_REASON)),
             "redelivery_count": count if isinstance(count, int) else None,
             "failed_at": _text_or_none(self.headers.get("x-mdb-failed-at")),
             "headers": self.headers,
@@ -104,6 +107,7 @@ class ReplayResult:
     """What a replay did: how many moved, which ids it did not find, why it stopped."""
 
     replayed: int = 0
+    invalid: list[str] = field(default_factory=list)  # replayed invalid bodies: they come straight back
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -359,6 +363,8 @@ def _replay_from(replayer: Replayer, channel: Any, source: str, ids: list[str], 
             result.problems.append(problem)
         else:
             result.replayed += 1
+            if message.headers.get(BACKOUT_REASON) == REASON_INVALID:
+                result.invalid.append(str(mid))
     return True
 
 
@@ -442,7 +448,8 @@ def _describe(d: DeadLetter, full: bool = False) -> str:
             lines.append(f"  {key}: {json.dumps(value, default=_json_default, ensure_ascii=False)}")
     lines.append(f"  {EXCEPTION}:")
     lines += [f"    {line}" for line in d.exception.splitlines()]
-    shown = body if encoding == "text" else json.dumps(body, ensure_ascii=False)
+    # The body as it was sent (its bytes counted above), not JSON parsed and re-spaced.
+    shown = d.body.decode("utf-8") if encoding == "json" else body
     lines.append(f"body ({encoding}, {len(d.body):,} bytes): {preview(shown, full)}")
     return "\n".join(lines)
 
@@ -455,6 +462,13 @@ def replay_command(
     record_cli(settings, "replay", queue or ", ".join(settings.backout_queues()), replay_detail(
         result, ids, replay_all, to))
     typer.echo(f"replayed {result.replayed} message(s)")
+    if result.invalid and to is None:  # back to the same handler, the body fails again: warn
+        typer.echo(
+            f"warning: {len(result.invalid)} of them are invalid bodies ({REASON_INVALID}: "
+            f"{', '.join(result.invalid[:5])}{', ...' if len(result.invalid) > 5 else ''}) and will be "
+            "backed out again as they are; fix each body and resend it with "
+            "mdb send DEST @fixed.json --id ID, or mdb dlq purge them "
+            "(README: Replaying invalid bodies)", err=True)
     problems = list(result.problems)
     if result.missing:
         where = queue or ", ".join(settings.backout_queues())

@@ -12,8 +12,11 @@ silent is found dead within two heartbeats on both sides.
 py-amqp connections are not thread-safe, so the owner and the thread share
 one lock: the owner holds it while it reads from the connection (a drain, a
 cancel, a confirm, a transaction commit) and lets go of it only while a
-handler runs (:meth:`Heartbeat.away`). py-amqp serializes frame writes, so a
-heartbeat written while the handler acknowledges or publishes is safe.
+handler runs (:meth:`Heartbeat.away`), or while the owner works between two
+reads (a batch the linger flushed: :meth:`Heartbeat.outside`). py-amqp's frame
+writer serializes frame writes under a lock of its own (since 5.4.2, the
+version ``pyproject.toml`` requires), so a heartbeat written while the handler
+acknowledges or publishes is safe.
 """
 
 from __future__ import annotations
@@ -103,15 +106,15 @@ class Heartbeat:
             finally:
                 self._away, self._holder = was_away, holder
 
-    def read(self, call: Callable[..., T], **kwargs: Any) -> T:
-        """:meth:`reading` around ``call(**kwargs)``, without a generator: a consumer drains once
+    def read(self, call: Callable[..., T], *args: Any) -> T:
+        """:meth:`reading` around ``call(*args)``, without a generator: a consumer drains once
         per delivery."""
         with self.lock:
             holder, self._holder = self._holder, threading.get_ident()
             was_away, self._away = self._away, False
             try:
                 self.tick()
-                return call(**kwargs)
+                return call(*args)
             finally:
                 self._away, self._holder = was_away, holder
 
@@ -146,6 +149,27 @@ class Heartbeat:
         self.lock.acquire()
         self._away, self._holder = was_away, threading.get_ident()
         self._heard_at = time.monotonic()  # what arrived meanwhile is read next
+
+    @contextmanager
+    def outside(self) -> Iterator[None]:
+        """The owner works between two reads (a batch the linger flushed): as :meth:`away`.
+
+        The owner holds no lock here, so the thread ticks anyway; without this
+        it would hold the broker's silence against it (nobody reads meanwhile)
+        and kill the connection under a batch that outlasts two heartbeats.
+        """
+        if self._holder == threading.get_ident():  # inside reading(): let go of the lock instead
+            with self.away():
+                yield
+            return
+        with self.lock:
+            was_away, self._away = self._away, True
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._away = was_away
+                self._heard_at = time.monotonic()  # what arrived meanwhile is read next
 
     def _run(self) -> None:
         step = max(0.2, self.interval / 4)
@@ -190,4 +214,14 @@ def using(beat: Heartbeat | None) -> Iterator[None]:
         yield
     else:
         with beat.reading():
+            yield
+
+
+@contextmanager
+def outside(beat: Heartbeat | None) -> Iterator[None]:
+    """``beat.outside()``, or nothing for a connection without heartbeats."""
+    if beat is None:
+        yield
+    else:
+        with beat.outside():
             yield

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import MetaData
+from sqlalchemy import Engine, MetaData, inspect
 
 from .errors import ListenerError
 from .settings import Settings
@@ -42,6 +42,18 @@ def load_metadata(settings: Settings) -> MetaData | None:
         raise ListenerError(f"{where}: a {type(value).__name__}, not a SQLAlchemy MetaData "
                             "(name a MetaData or a declarative Base)")
     return metadata
+
+
+def create_missing(metadata: MetaData, engine: Engine) -> list[str]:
+    """Create the tables of ``metadata`` that are missing; the names of those it created.
+
+    The start log says what it did: a log that claims a creation on every start
+    hides the one start that really created (or failed to create) a table.
+    """
+    inspector = inspect(engine)
+    missing = [t.name for t in metadata.sorted_tables if not inspector.has_table(t.name, schema=t.schema)]
+    metadata.create_all(engine)
+    return missing
 
 
 def _module(name: str, folder: Path | None, where: str) -> Any:

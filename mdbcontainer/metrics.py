@@ -146,6 +146,10 @@ class Metrics:
             "mdb_outbox_backlog", "Outbox rows not yet published (refreshed every few seconds).",
             registry=r,
         )
+        self.waiting = Gauge(
+            "mdb_waiting", "Messages of the port's queue waiting out a redelivery delay on its wait "
+            "queues (refreshed every few seconds).", ["port"], registry=r,
+        )
         self.dedup_purged = Counter(
             "mdb_dedup_rows_purged", "Dedup rows deleted past retention.", registry=r
         )

@@ -43,18 +43,21 @@ def show_ports(settings: Settings, as_json: bool) -> None:
 
 
 # The table's columns are the --json fields, one for one (an invalid body is
-# counted in ``invalid body``, not also in ``backed out``). In a narrow terminal
-# the columns that are all zeros go first, then the least needed: the handled
-# and duplicate counts stay, so that a skipped duplicate is seen.
+# counted in ``invalid body``, not also in ``backed out``). The container and the
+# port tell the rows apart: they stay whole on the row's line. In a narrow
+# terminal the empty columns go first, then the columns that are all zeros and
+# the least needed move to the row's second line: the handled and duplicate
+# counts stay longest, so that a skipped duplicate is seen. Each count starts
+# from zero with its container (the README's *The mdb command*).
 PORT_FIELDS = ("container", "port", "destination", "state", "consecutive_failures", "delivered",
                "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body", "expired",
-               "batches", "fallbacks", "since", "reason")
+               "waiting", "batches", "fallbacks", "since", "reason")
 PORT_COLUMNS = (
-    Column("container", 12, drop=8), Column("port", keep=True), Column("destination", 8, drop=7),
+    Column("container", keep=True), Column("port", keep=True), Column("destination", 8),
     Column("state", keep=True), *(
-        Column(header, keep=True, right=True, drop=drop) for header, drop in (
+        Column(header, right=True, drop=drop) for header, drop in (
             ("failures", 2), ("delivered", 5), ("handled", 1), ("duplicate", 1), ("failed", 3),
-            ("backed out", 3), ("invalid body", 3), ("expired", 4))
+            ("backed out", 3), ("invalid body", 3), ("expired", 4), ("waiting", 3))
     ), Column("batches", 9, right=True, drop=2), Column("fallbacks", right=True, drop=2),
     Column("since", 19, drop=9), Column("reason", 10, drop=6),
 )

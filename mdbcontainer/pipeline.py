@@ -32,8 +32,9 @@ from .acknowledge import Acknowledger
 from .backout import REASON_INVALID, REASON_MISSING_ID, REASON_THRESHOLD, Backout
 from .broker import Publisher, connection_errors, describe
 from .context import MessageContext
-from .counts import exception_text, redelivery_wait
+from .counts import exception_text
 from .crash import crash_point
+from .delays import Delays, came_back, carried_failure, left_after
 from .delivery import Delivery, envelope
 from .errors import PublishError
 from .handlers import HandlerSpec, Invoker
@@ -118,6 +119,8 @@ class Pipeline:
         self.accept = accepted(self.settings.accept)
         self.backout = Backout(port.name, port.queue, port.backout_queue,
                                publish=consumer.publish, discard=self.acks.discard)
+        self.delays = Delays(port.name, port.queue, port.queue_settings,
+                             publish=consumer.publish, discard=self.acks.discard)
         self._started = time.monotonic()  # of the current delivery, for its log lines
         self._argument: Any = None
 
@@ -235,15 +238,28 @@ class Pipeline:
 
     def _count(self, delivery: Delivery, message_id: str) -> tuple[int | None, str | None]:
         """Earlier failed deliveries; free on a first delivery, one round trip on a redelivery."""
-        if not delivery.redelivered:
+        if not delivery.redelivered and not came_back(delivery):
             return 0, None
         if self.once_only and self.resources.dedup.seen(self.port.name, message_id):
             self.acks.discard(delivery)
             self.tally.count("duplicate_skipped")
             self._log(logging.INFO, "duplicate_skipped", message_id, None, "already handled, not again")
             return None, None
+        if self._stale(delivery, message_id):
+            return None, None
         attempt = self.resources.counter.open(self.queue, message_id)
-        return attempt.count, attempt.last_exception
+        return attempt.count, attempt.last_exception or carried_failure(delivery)
+
+    def _stale(self, delivery: Delivery, message_id: str) -> bool:
+        """A copy back from a wait whose message failed again since it left: an extra one (delays.py)."""
+        left = left_after(delivery)
+        if left is None or self.resources.counter.failures(self.queue, message_id) <= left:
+            return False
+        self.acks.discard(delivery)
+        self.tally.count("duplicate_skipped")
+        self._log(logging.INFO, "duplicate_skipped", message_id, left,
+                  "a stale copy back from its redelivery delay (the message failed again since)")
+        return True
 
     def _decode(self, delivery: Delivery, message_id: str, count: int) -> Message | None:
         try:
@@ -327,7 +343,7 @@ class Pipeline:
             self._back_out(delivery, REASON_THRESHOLD, count, text)
             self.port.after_backout()
         else:
-            self._requeue(delivery, count)
+            self._requeue(delivery, count, text)
 
     def _failed_consumed(self, message: Message, error: BaseException) -> None:
         """A failure after the handler acknowledged: counted, but the message cannot go back."""
@@ -337,12 +353,10 @@ class Pipeline:
         if self.port.after_failure() == "stop":
             self.port.stop_for_failures(message.id, error)
 
-    def _requeue(self, delivery: Delivery, failures: int) -> None:
-        q = self.port.queue_settings
-        wait = redelivery_wait(q.redelivery_delay, q.redelivery_backoff, q.redelivery_delay_max, failures)
-        if wait:
-            self.port.stop_event.wait(wait)
-        self.acks.failed(delivery)
+    def _requeue(self, delivery: Delivery, failures: int, text: str) -> None:
+        """Back to its queue: at once, or to wait out the queue's redelivery delay (delays.py)."""
+        if not self.delays.move(delivery, failures, text):
+            self.acks.failed(delivery)
 
     def _back_out(self, delivery: Delivery, reason: str, count: int, exception: str | None,
                   outcome: str = "backed_out") -> None:

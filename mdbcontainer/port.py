@@ -295,6 +295,7 @@ class PortConsumer:
         self.consuming = False
         self.handing_back = False
         self._publisher: Publisher | None = None
+        self._lease: str | None = None  # this connection's row in the lease table (counts.py)
         self.acks = acknowledger_for(port)
         self.tally = port.tally_for(index)  # this thread's counts, read by /metrics and mdb ports
         self.thread = threading.Thread(
@@ -344,6 +345,7 @@ class PortConsumer:
                     pipeline.release()
                     self.acks.release()
                     sub.close()
+                    self._end_lease()  # before consuming again: none of its deliveries counts
         except Exception as exc:  # a channel error (a queue deleted, a declare refused...)
             if self._should_run():
                 log.exception("port %s consumer %d ended: %s", self.port.name, self.index, exc)
@@ -381,6 +383,7 @@ class PortConsumer:
     def _subscribe(self, pipeline: Pipeline) -> Subscription | None:
         if not self._should_run():
             return None
+        self._begin_lease()
         sub = Subscription(self.port.resources.broker, self.port.queue,
                            self.port.settings.prefetch, self.acks.deliver(pipeline),
                            self.port.declare, exclusive=self.port.settings.durable,
@@ -389,9 +392,29 @@ class PortConsumer:
             sub.open()
         except BaseException:
             sub.close()
+            self._end_lease()
             raise
         self.acks.attach(sub)
         return sub
+
+    def _begin_lease(self) -> None:
+        """Write this connection's lease before it consumes: the evidence, should the process die."""
+        try:
+            self._lease = self.port.counter.begin_lease(self.port.queue, self.port.resources.control.id)
+        except Exception as exc:  # the database is away: a death now goes uncounted, nothing else
+            log.warning("port %s consumer %d: could not write its lease: %s", self.port.name,
+                        self.index, describe(exc))
+
+    def _end_lease(self) -> None:
+        """The connection ended and the process lives: none of its deliveries counts as failed."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        try:
+            self.port.counter.end_lease(lease)
+        except Exception as exc:  # left open, its holder alive: still not the evidence of a death
+            log.warning("port %s consumer %d: could not end its lease: %s", self.port.name,
+                        self.index, describe(exc))
 
     def _drain(self, sub: Subscription, pipeline: Pipeline) -> None:
         self.port.resources.recovered("broker")
@@ -400,8 +423,9 @@ class PortConsumer:
         while not stop.is_set() and not resources.shutting_down:
             self.alive_at = time.monotonic()
             sub.drain(pipeline.wait_limit(0.5))
-            pipeline.tick()
-            self.acks.tick()
+            with sub.between_reads():  # a lingered batch may run longer than two heartbeats
+                pipeline.tick()
+                self.acks.tick()
         pipeline.hand_back_gathered()
         self._hand_back_all(sub)
 

@@ -6,7 +6,7 @@ container waiting for its database at start, a one-shot connect within
 ``connect_timeout``) is a tenacity ``Retrying`` built here, so the backoff
 is the same everywhere and a reader finds it in one place. Message
 redelivery (``redelivery_delay``) is a different thing with its own settings
-(see ``counts.redelivery_wait``): users of Spring confuse the two.
+(see ``delays.py``): users of Spring confuse the two.
 """
 
 from __future__ import annotations

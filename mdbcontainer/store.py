@@ -53,6 +53,7 @@ class Tables:
     port: Table
     container: Table
     history: Table
+    lease: Table
 
     @classmethod
     def build(cls, prefix: str = "mdb_", schema: str | None = None) -> Tables:
@@ -123,7 +124,23 @@ class Tables:
             Column("actor", String(255)),
             Index(f"ix_{prefix}history_at", "at"),
         )  # fmt: skip
-        return cls(md, dedup, delivery, outbox, port, container, history)
+        # One row per consumer connection, written before it consumes: a
+        # redelivery without a count record is charged as a crash only when a
+        # lease of its queue shows a death (never ended, its holder gone), not
+        # when a container that lives on lost its connection (counts.py).
+        lease = Table(
+            f"{prefix}lease", md,
+            Column("id", String(64), primary_key=True),
+            Column("queue", String(255), nullable=False),
+            Column("container", String(64), nullable=False),
+            Column("host", String(255), nullable=False),
+            Column("pid", Integer, nullable=False),
+            Column("started_at", ts, nullable=False),
+            Column("ended_at", ts),
+            Column("died", Boolean, nullable=False, default=False),
+            Index(f"ix_{prefix}lease_queue", "queue"),
+        )  # fmt: skip
+        return cls(md, dedup, delivery, outbox, port, container, history, lease)
 
 
 _SQLITE_BUSY = timedelta(seconds=30)  # without a database_timeout (tools that pass none)

@@ -1,12 +1,20 @@
-"""Plain text tables that fit the terminal: one line per row, never wrapped.
+"""Plain text tables that fit the terminal without cutting what a person reads.
 
-A row folded over nine lines in 80 columns is unreadable, and a table a
-script parses should use ``--json`` anyway. So every row stays on one line:
-when the columns do not fit, the least needed ones are left out first (a
-column that says ``drop``; a column of zeros before any other), a last line
-names them, then the widest shrink (down to a minimum each), and a cut cell
-ends in ``…``. A column a person copies from (an id) is never cut. Numbers are
-right-aligned.
+A row folded by the terminal over nine lines is unreadable, and a cell cut to
+``sta…`` says nothing. So when the columns do not fit the width:
+
+1. columns that are empty in every row (``-`` or nothing) are left out: they
+   tell nothing;
+2. then, least needed first (a column that says ``drop``; a column of zeros
+   before any other), columns move off the row's line onto an indented second
+   line, as ``header: value`` pairs wrapped at the width, so nothing is cut;
+3. the identifying columns (``keep``: the names that tell rows apart, ids a
+   person copies) never move and are never cut.
+
+Only when the identifying columns alone are wider than the terminal are the
+other cells of the first line shrunk (down to their minimum) and the line cut
+at the edge. Numbers are right-aligned. A table a script parses should use
+``--json`` anyway.
 """
 
 from __future__ import annotations
@@ -18,15 +26,18 @@ from dataclasses import dataclass
 
 GAP = "  "
 ELLIPSIS = "…"
+INDENT = "    "
+EMPTY = ("", "-")
 
 
 @dataclass(frozen=True)
 class Column:
-    """A column's header, the width below which it is not cut, and its alignment.
+    """A column's header, the width below which it is not cut, its alignment, and its rank.
 
-    ``keep``: never cut (ids to copy). ``drop``: left out when even the minimums
-    do not fit, highest first, a column of zeros before all others; 0 is never
-    left out.
+    ``keep``: identifying (a name that tells rows apart, an id to copy): stays
+    on the row's line, whole. ``drop``: how early the column moves to the second
+    line when the row does not fit (highest first; a column of zeros before all
+    others; 0 last).
     """
 
     header: str
@@ -53,32 +64,78 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
     width = terminal_width() if width is None else width
     cells = [[" ".join(str(cell).split()) for cell in row] for row in rows]  # one line per cell
     natural = [max([len(c.header), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
-    least = [n if c.keep else min(c.minimum, n) for c, n in zip(columns, natural, strict=True)]
+    shown = _first_line(columns, cells, natural, width)
+    moved = [i for i in range(len(columns)) if i not in shown and not _empty(cells, i)]
+    widths = _shrunk(columns, natural, shown, width)
+    lines = [_line([c.header for c in columns], columns, shown, widths, width)]
+    for row in cells:
+        lines.append(_line(row, columns, shown, widths, width))
+        lines += _second_line(row, columns, moved, width)
+    return lines
+
+
+def _empty(cells: Sequence[Sequence[str]], i: int) -> bool:
+    return bool(cells) and all(row[i] in EMPTY for row in cells)
+
+
+def _needed(widths: Sequence[int], shown: Sequence[int]) -> int:
+    return sum(widths[i] for i in shown) + len(GAP) * (len(shown) - 1)
+
+
+def _first_line(columns: Sequence[Column], cells: Sequence[Sequence[str]], natural: Sequence[int],
+                width: int) -> list[int]:
+    """The columns that stay on the row's line: empty ones out, then the least needed moved off."""
     shown = list(range(len(columns)))
+    if _needed(natural, shown) <= width:
+        return shown
+    shown = [i for i in shown if columns[i].keep or not _empty(cells, i)]
 
-    def needed(widths: Sequence[int]) -> int:
-        return sum(widths[i] for i in shown) + len(GAP) * (len(shown) - 1)
-
-    def rank(i: int) -> int:
+    def rank(i: int) -> tuple[int, int]:
         zeros = bool(cells) and all(row[i] == "0" for row in cells)
-        return columns[i].drop + (1000 if zeros else 0)
+        return columns[i].drop + (1000 if zeros else 0), natural[i]
 
-    while needed(least) > width and any(columns[i].drop for i in shown):
-        shown.remove(max((i for i in shown if columns[i].drop), key=rank))
+    moved = []
+    while _needed(natural, shown) > width:
+        movable = [i for i in shown if not columns[i].keep]
+        if not movable:
+            break
+        moved.append(max(movable, key=rank))
+        shown.remove(moved[-1])
+    for i in reversed(moved[:-1]):  # a column moved early may fit beside what the last move freed
+        if _needed(natural, [*shown, i]) <= width:
+            shown = sorted([*shown, i])
+    return shown
+
+
+def _shrunk(columns: Sequence[Column], natural: Sequence[int], shown: Sequence[int], width: int) -> list[int]:
+    """The widths of the first line; cells shrink only when the identifying columns overflow."""
+    least = [n if c.keep else min(c.minimum, n) for c, n in zip(columns, natural, strict=True)]
     widths = list(natural)
-    while needed(widths) > width:
+    while _needed(widths, shown) > width:
         shrinkable = [i for i in shown if widths[i] > max(least[i], 1)]
         if not shrinkable:
-            break  # narrower than every minimum: the lines are cut at the edge below
+            break  # narrower than every minimum: the lines are cut at the edge
         widths[max(shrinkable, key=lambda i: widths[i])] -= 1
-    lines = []
-    for row in [[c.header for c in columns], *cells]:
-        parts = [_align(row[i], widths[i], columns[i].right) for i in shown]
-        lines.append(cut(GAP.join(parts).rstrip(), width))
-    left_out = [c.header for i, c in enumerate(columns) if i not in shown]
-    if left_out:
-        note = f"(left out to fit {width} columns: {', '.join(left_out)}; --json shows every field)"
-        lines += textwrap.wrap(note, max(width, 20))
+    return widths
+
+
+def _line(row: Sequence[str], columns: Sequence[Column], shown: Sequence[int], widths: Sequence[int],
+          width: int) -> str:
+    parts = [_align(row[i], widths[i], columns[i].right) for i in shown]
+    return cut(GAP.join(parts).rstrip(), width)
+
+
+def _second_line(row: Sequence[str], columns: Sequence[Column], moved: Sequence[int],
+                 width: int) -> list[str]:
+    """The moved cells of one row, ``header: value``, wrapped (never cut) under the row."""
+    lines: list[str] = []
+    width = max(width, 20)
+    for pair in (f"{columns[i].header}: {row[i]}" for i in moved if row[i] not in EMPTY):
+        if lines and len(lines[-1]) + len(GAP) + len(pair) <= width:
+            lines[-1] += GAP + pair  # pairs side by side while they fit, a pair split only when long
+        else:
+            lines += textwrap.wrap(pair, width, initial_indent=INDENT, subsequent_indent=INDENT * 2,
+                                   break_on_hyphens=False)
     return lines
 
 

@@ -141,6 +141,29 @@ def is_infrastructure(exc: BaseException) -> bool:
     )
 
 
+# What PostgreSQL says, before any SQLSTATE reaches the client, when the login itself is wrong
+# (libpq reports a failed startup as text only): 3D000, 28000, 28P01.
+_REFUSED_AT_LOGIN = ("does not exist", "password authentication failed", "no pg_hba.conf entry",
+                     "is not permitted to log in", "no password supplied")
+
+
+def database_refused(exc: BaseException) -> bool:
+    """The database refused the settings themselves: a missing database or role, a wrong password.
+
+    An outage while running (a role locked for a moment is waited out like any
+    refused connection), but at start a configuration error: waiting cannot
+    create a database, so ``mdb check`` and ``mdb run`` exit 2 on it.
+    """
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        return sqlstate == "3D000" or sqlstate.startswith("28")
+    if not isinstance(exc, sa_exc.OperationalError):
+        return False
+    text = str(getattr(exc, "orig", exc))
+    said_by_server = "FATAL" in text or "fe_sendauth" in text  # not a statement's own error
+    return said_by_server and any(marker in text for marker in _REFUSED_AT_LOGIN)
+
+
 def _transient_sqlstate(sqlstate: str) -> bool:
     """PostgreSQL errors that are the server's state, not the message's: waited out, not counted.
 

@@ -21,7 +21,6 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from .broker import Broker, connection_errors, describe
@@ -30,11 +29,11 @@ from .errors import MdbError
 from .operate import batch_figures
 from .settings import Settings
 from .store import Store
+from .tables import Column, fit
 
 REFRESH = 1.0
 RATE_WINDOW = 5.0
 STALE_AFTER = 3.0
-REASON_WIDTH = 50
 
 
 @dataclass
@@ -157,41 +156,42 @@ def queue_of(row: dict[str, Any]) -> str:
     return str(row.get("queue") or row.get("destination") or "")
 
 
-def _state(state: str) -> Text:
-    return Text(state, style="green" if state == "started" else "bold red")
-
-
-def _number(value: Any, alarm: bool = False) -> Text:
-    return Text(str(value), style="bold red" if alarm and value else "")
+# The same rule as ``mdb ports`` (tables.py): container and port tell the rows
+# apart and stay whole; empty columns go first; the rest move to a second line.
+WATCH_COLUMNS = (
+    Column("container", keep=True), Column("port", keep=True), Column("queue", 8),
+    Column("state", keep=True), Column("msg/s", right=True, drop=1),
+    Column("failures", right=True, drop=1), Column("delivered", right=True, drop=4),
+    Column("failed", right=True, drop=3), Column("backed out", right=True, drop=3),
+    Column("invalid", right=True, drop=3), Column("backlog", right=True, drop=2),
+    Column("batches", right=True, drop=5), Column("since", drop=6), Column("reason", drop=7),
+)
+ALARMS = {"stuck": "bold red", "stopped": "bold red", "stopping": "bold red", "reconnecting": "bold red"}
 
 
 def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
-           backout_queues: list[str], now: float) -> Group:
+           backout_queues: list[str], now: float, width: int = 200) -> Group:
     """The screen: the ports table, the backout queues, and what could not be read."""
     stamp = sample.wall.strftime("%H:%M:%S UTC") if sample.wall else "--:--:--"
-    table = Table(title=f"mdb ports --watch  {source}  {stamp}  (Ctrl-C to exit)", title_justify="left")
-    for column, justify in (("container", "left"), ("port", "left"), ("queue", "left"),
-                            ("state", "left"), ("msg/s", "right"), ("failures", "right"),
-                            ("delivered", "right"), ("failed", "right"), ("backed out", "right"),
-                            ("invalid", "right"), ("backlog", "right"), ("batches", "right"),
-                            ("since", "left"),
-                            ("reason", "left")):
-        table.add_column(column, justify=justify, no_wrap=True,  # type: ignore[arg-type]
-                         overflow="ellipsis", max_width=REASON_WIDTH if column == "reason" else None)
+    title = Text(f"mdb ports --watch  {source}  {stamp}  (Ctrl-C to exit)", style="italic")
+    rows = []
     for row in sample.rows:
         key = (row["container"], row["port"])
         depth = sample.depths.get(queue_of(row))
-        reason = str(row.get("reason") or "")
-        table.add_row(
-            row["container"], row["port"], queue_of(row) or "-",
-            _state("stuck" if row.get("stuck") else str(row["state"])),
-            f"{rates.get(key, 0.0):.1f}", _number(row.get("consecutive_failures", 0), alarm=True),
+        rows.append([
+            str(row["container"]), str(row["port"]), queue_of(row) or "-",
+            "stuck" if row.get("stuck") else str(row["state"]),
+            f"{rates.get(key, 0.0):.1f}", str(row.get("consecutive_failures", 0)),
             str(row.get("delivered", 0)), str(row.get("failed", 0)),
             str(row.get("backed_out", 0)), str(row.get("invalid_body", 0)),  # as --json counts them
             "-" if depth is None else str(depth), batch_figures(row), str(row.get("since", ""))[11:19],
-            reason,
-        )
-    lines: list[Any] = [table]
+            str(row.get("reason") or "-"),
+        ])
+    table = [Text(line) for line in fit(WATCH_COLUMNS, rows, width)]
+    table[0].stylize("bold")
+    for line in table[1:]:
+        line.highlight_words(list(ALARMS), style="bold red")
+    lines: list[Any] = [title, *table]
     if not sample.rows:
         lines.append(Text("no running containers", style="yellow"))
     lines += _stop_reasons(sample.rows)
@@ -240,7 +240,7 @@ def _redraw(live: Live, sampler: Sampler, iterations: int | None, interval: floa
         if sample.taken_at != last_taken:
             last_taken, current = sample.taken_at, rates.update(sample.rows, sample.taken_at)
         live.update(render(sample, current, sampler.settings.source, sampler.backout_queues(),
-                           time.monotonic()), refresh=True)
+                           time.monotonic(), live.console.width), refresh=True)
         drawn += 1
         if iterations is None or drawn < iterations:
             time.sleep(interval)

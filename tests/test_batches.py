@@ -344,3 +344,33 @@ def test_on_sqlite_a_long_batch_holds_no_lock_and_mdb_port_stop_answers(tmp_path
         assert "database is locked" not in log, log[-3000:]
     finally:
         backend.close()
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_a_lingered_batch_longer_than_two_heartbeats_keeps_its_connection(rabbit: Backend) -> None:
+    """heartbeat = 1s, a partial batch (flushed by the linger) whose handler sleeps 3.5s.
+
+    The batch runs between two reads of the connection; the heartbeats must go
+    on meanwhile, or the container's own heartbeat thread kills the connection
+    and the batch comes back: applied twice without a transaction, backed out
+    at threshold 1 as a crash.
+    """
+    queue = rabbit.q("LINGER")
+    settings = rabbit.write(
+        ports={"Work": {"destination": queue, "batch_size": 10, "batch_linger": "200ms",
+                        "transaction": "none", "prefetch": 20}},
+        queues={queue: {"backout_threshold": 1}}, heartbeat="1s")
+    send_all(rabbit, settings, queue, [("slow", {"action": "sleep", "seconds": 3.5}),
+                                       ("quick-1", {"n": 1}), ("quick-2", {"n": 2})])
+    with container(rabbit, settings) as c:
+        wait_for(lambda: (c.port_state("Work") or {}).get("handled") == 3, 30, what="three handled")
+        time.sleep(2.5)  # time for a redelivery, had the connection been killed under the batch
+        row = c.port_state("Work") or {}
+        output = c.output()
+    assert attempts_of(rabbit, "Work") == {"slow": 1, "quick-1": 1, "quick-2": 1}
+    assert rabbit.probe(settings).count(queue) == 0
+    assert not rabbit.probe(settings).exists(rabbit.q("DLQ")) or \
+        rabbit.probe(settings).count(rabbit.q("DLQ")) == 0
+    assert row["handled"] == 3 and row["failed"] == 0 and row["backed_out"] == 0, row
+    assert "unavailable" not in output and "heartbeat" not in output, output

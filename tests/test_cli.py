@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,8 +15,9 @@ from typing import Any
 import kombu
 import pytest
 
+from mdbcontainer.settings import load_settings
 from mdbcontainer.testing import mdb, write_settings
-from tests.conftest import CHILD_ENV, RABBITMQ_URL, ROOT, Backend, one_line_error
+from tests.conftest import CHILD_ENV, POSTGRES_URL, RABBITMQ_URL, ROOT, Backend, one_line_error
 
 
 @pytest.fixture
@@ -45,6 +50,25 @@ def test_check_warns_about_risky_poison_settings(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("backout_threshold = 0", "backout_threshold = 5"))
     result = mdb("check", settings=path, env=CHILD_ENV)
     assert "max_retries = 0 < backout_threshold = 5: the port stops before" in result.stderr
+    assert "(0 and 5 are the defaults, WebSphere's; README: Settings for a new service)" in result.stderr
+
+
+def test_the_readme_settings_for_a_new_service_check_without_a_warning(tmp_path: Path) -> None:
+    """The defaults warn (WebSphere's 0 and 5 stop a port at each poison message); what the
+    README recommends for a new service does not."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Settings for a new service", 1)[1].split("\n## ", 1)[0]
+    toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    toml = toml.replace('"amqp://app:SECRET@mq1//"', f'"embedded://{tmp_path}/b.db"')
+    toml = toml.replace('"postgresql+psycopg://app:SECRET@db/orders"', f'"sqlite:///{tmp_path}/d.db"')
+    toml = toml.replace('["app.listeners"]', '["tests.apps.work"]')
+    toml = "\n".join(line for line in toml.splitlines() if not line.startswith("metadata ="))
+    toml = toml.replace("[ports.PaymentsPort]", "[ports.Work]")
+    path = tmp_path / "settings.toml"
+    path.write_text(toml)
+    result = mdb("check", settings=path, env=CHILD_ENV)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and "warning" not in result.stdout, result.stderr
 
 
 @pytest.mark.parametrize(
@@ -100,6 +124,54 @@ def test_send_reads_body_from_file_and_prints_ids(good: Path, tmp_path: Path) ->
                  settings=good, env=CHILD_ENV)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["m-1", "m-2", "m-3"]
+
+
+def test_send_lines_sends_one_distinct_message_per_json_line(backend: Backend) -> None:
+    """``mdb send Q @orders.jsonl --lines``: many distinct messages from the command line."""
+    queue = backend.q("ORDERS")
+    settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
+    orders = backend.tmp / "orders.jsonl"
+    orders.write_text('{"order_id": 1}\n\n{"order_id": 2}\n{"order_id": 3}\n')
+    result = mdb("send", queue, f"@{orders}", "--lines", "--id", "order", settings=settings,
+                 env=backend.env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["order-1", "order-2", "order-3"]
+    taken = backend.probe(settings).take_all(queue)
+    assert [json.loads(m.body) for m in taken] == [{"order_id": n} for n in (1, 2, 3)]
+
+
+def test_send_lines_sends_nothing_when_a_line_is_not_json(good: Path, tmp_path: Path) -> None:
+    orders = tmp_path / "orders.jsonl"
+    orders.write_text('{"order_id": 1}\n{"order_id": 2,}\n')
+    result = mdb("send", "WORK", f"@{orders}", "--lines", settings=good, env=CHILD_ENV)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"{orders}:2 is not JSON" in one_line_error(result) and "nothing was sent" in result.stderr
+    for args in (("{}", "--lines"), (f"@{orders}", "--lines", "--count", "2")):
+        result = mdb("send", "WORK", *args, settings=good, env=CHILD_ENV)
+        assert result.returncode == 2, args
+
+
+def test_send_does_not_pay_for_the_database_layer(tmp_path: Path) -> None:
+    """One ``mdb send`` imports neither SQLAlchemy nor the handler machinery: they were most of
+    its 0.45 s. The public names still import on first use."""
+    body = tmp_path / "b.json"
+    body.write_text("{}")
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": "sqlite:///relative/container.db", "listeners": []}})
+    script = ("import sys; from mdbcontainer.cli import main; sys.argv = ['mdb'] + sys.argv[1:]\n"
+              "try:\n    main()\nexcept SystemExit:\n    pass\n"
+              "print(sorted(m for m in ('sqlalchemy', 'mdbcontainer.context', 'mdbcontainer.pipeline')"
+              " if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script, "send", "Q", f"@{body}", "-c", str(settings)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **CHILD_ENV})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    import mdbcontainer
+
+    assert mdbcontainer.MessageContext.__name__ == "MessageContext"
+    assert load_settings(settings, environ={}).container.database_url == (
+        f"sqlite:///{tmp_path / 'relative/container.db'}"), "relative to the settings file, as before"
 
 
 def test_unreachable_broker_is_exit_1_without_the_password(tmp_path: Path) -> None:
@@ -191,9 +263,14 @@ def test_send_help_names_each_option_with_its_placeholder() -> None:
     assert result.returncode == 0
     assert "Usage: mdb send [OPTIONS] {DEST} {BODY}" in result.stdout
     for option in ("--priority N", "--ttl DURATION", "--id ID", "-H, --header KEY=VALUE",
-                   "--reply-to QUEUE", "--correlation-id ID", "--count N"):
+                   "--reply-to QUEUE", "--correlation-id ID", "--count N", "--lines"):
         assert option in result.stdout
     assert re.search(r"^  --non-persistent {2,}Keep it", result.stdout, re.M)  # a flag: no placeholder
+
+
+def test_ports_help_says_the_counts_start_with_each_container() -> None:
+    result = mdb("ports", "-h", env=CHILD_ENV)
+    assert "counts (each since its container started)" in " ".join(result.stdout.split())
 
 
 def test_public_api_is_pinned() -> None:
@@ -220,7 +297,7 @@ def test_check_refuses_a_mode_the_embedded_broker_cannot_provide(tmp_path: Path)
 
 @pytest.mark.rabbitmq
 def test_a_refused_login_is_one_line_exit_1_without_the_password(rabbit: Backend) -> None:
-    """Contract 5: a broker that cannot be reached is exit 1 and one line; a wrong password too."""
+    """The CLI's exit codes (README: *The mdb command*): a broker that cannot be reached is exit 1 and one line; a wrong password too."""
     bad = RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw")
     settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q")}}, broker_url=bad,
                             connect_timeout="2s")
@@ -230,6 +307,54 @@ def test_a_refused_login_is_one_line_exit_1_without_the_password(rabbit: Backend
         assert result.returncode == 1, result.stderr
         assert "s3cret-pw" not in result.stderr + result.stdout
         assert "ACCESS_REFUSED" in line and "guest:***@" in line
+
+
+REFUSED_SETTINGS = [
+    pytest.param("broker_url", RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw"),
+                 "ACCESS_REFUSED", id="wrong-password"),
+    pytest.param("broker_url", RABBITMQ_URL.replace("guest:guest", "nobody-mdb:s3cret-pw"),
+                 "ACCESS_REFUSED", id="unknown-user"),
+    pytest.param("broker_url", RABBITMQ_URL.rstrip("/") + "/no-such-vhost-mdb", "NOT_ALLOWED",
+                 id="unknown-vhost"),
+    pytest.param("database_url", POSTGRES_URL.replace("/test", "/no_such_db_mdb"),
+                 'database "no_such_db_mdb" does not exist', id="unknown-database"),
+    pytest.param("database_url", POSTGRES_URL.replace("postgres@", "no_such_role_mdb:s3cret-pw@"),
+                 'role "no_such_role_mdb" does not exist', id="unknown-role"),
+]
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+@pytest.mark.parametrize(("key", "url", "said"), REFUSED_SETTINGS)
+def test_check_and_run_exit_2_on_a_service_that_refuses_the_settings(
+        rabbit: Backend, key: str, url: str, said: str) -> None:
+    """A wrong login, vhost or database is no outage: waiting cannot fix it. ``mdb check`` (a
+    deployment's pre-start step) and ``mdb run`` exit 2 with one line naming the setting."""
+    settings = rabbit.write(ports={"Work": {"destination": rabbit.q("Q"), "max_retries": 5}},
+                            **{key: url})
+    for args in (("check",), ("run",), ("run", "--processes", "2")):
+        result = mdb(*args, settings=settings, env=rabbit.env, timeout=30)
+        line = one_line_error(result)
+        assert result.returncode == 2, (args, result.stderr)
+        assert line.startswith(f"mdb: error: container.{key}: ") and said in line, line
+        assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+def test_check_warns_about_a_service_that_is_down_and_run_waits_for_it(tmp_path: Path) -> None:
+    """A broker or database that is down may come up: a warning, not an error, from ``mdb check``."""
+    path = write_settings(tmp_path / "s.toml", {
+        "container": {"listeners": ["tests.apps.work"], "broker_url": "amqp://guest:guest@127.0.0.1:1//",
+                      "database_url": "postgresql+psycopg://postgres@127.0.0.1:1/test"},
+        "ports": {"Work": {"destination": "WORK", "max_retries": 5}},
+    })
+    result = mdb("check", settings=path, env=CHILD_ENV)
+    assert result.returncode == 0, result.stderr
+    warnings = result.stderr.splitlines()
+    assert [w.split(" not reachable")[0] for w in warnings] == [
+        "warning: broker amqp://guest:***@127.0.0.1:1//",
+        "warning: database postgresql+psycopg://postgres@127.0.0.1:1/test"]
+    assert all(w.endswith("mdb run waits for it") for w in warnings), warnings
+    assert "2 warning(s)" in result.stdout
 
 
 @pytest.mark.rabbitmq
@@ -248,7 +373,7 @@ def test_a_queue_declare_the_broker_refuses_is_one_line_exit_1(rabbit: Backend) 
 
 
 def test_an_unknown_port_name_is_bad_usage_exit_2(tmp_path: Path) -> None:
-    """Contract 5: exit 2 for a bad argument, as ``mdb run --port NAME`` already does."""
+    """Exit 2 for a bad argument, as ``mdb run --port NAME`` already does."""
     settings = write_settings(tmp_path / "settings.toml", {
         "container": {
             "broker_url": f"embedded://{tmp_path / 'broker.db'}",
@@ -478,24 +603,99 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(
         cli.main()
 
 
-def test_tables_fit_the_width_without_wrapping_a_row() -> None:
+def test_tables_fit_the_width_moving_cells_to_a_second_line_never_cutting_them() -> None:
     from mdbcontainer.tables import Column, fit
 
     columns = [Column("id", keep=True), Column("note", 6), Column("zeros", right=True, drop=1),
-               Column("when", 8, drop=2)]
-    rows = [["3f1c0a6e-1b2c-4d5e", "a long explanation of it", "0", "2026-11-30 20:40:53"]]
+               Column("when", 8, drop=2), Column("empty", drop=0)]
+    rows = [["3f1c0a6e-1b2c-4d5e", "a long explanation of it", "0", "2026-11-30 20:40:53", "-"]]
     assert fit(columns, rows, 100) == [
-        "id                  note                      zeros  when",
-        "3f1c0a6e-1b2c-4d5e  a long explanation of it      0  2026-11-30 20:40:53",
+        "id                  note                      zeros  when                 empty",
+        "3f1c0a6e-1b2c-4d5e  a long explanation of it      0  2026-11-30 20:40:53  -",
     ]
-    # 40 columns: the column of zeros is left out (before the time, though the time ranks
-    # lower), the id stays whole, the other cells are cut, not wrapped.
+    # 40 columns: the empty column goes; the zeros move under the row first (before the time,
+    # though the time ranks higher), then the long note, whole; the time then fits back
+    # beside the id, which stays whole on its line.
     assert fit(columns, rows, 40) == [
-        "id                  note       when",
-        "3f1c0a6e-1b2c-4d5e  a long e…  2026-11-…",
-        "(left out to fit 40 columns: zeros;",
-        "--json shows every field)",
+        "id                  when",
+        "3f1c0a6e-1b2c-4d5e  2026-11-30 20:40:53",
+        "    note: a long explanation of it",
+        "    zeros: 0",
     ]
+
+
+PORT_ROWS = [  # two processes of one fleet, ports without batches
+    ["vm:18893:91c9d9", "OrdersPort", "ORDERS", "started", "0", "12", "10", "1", "1", "0", "1", "0",
+     "-", "-", "2026-12-01 13:45:36", ""],
+    ["vm:18894:a1b2c3", "OrdersPort", "ORDERS", "stopped", "1", "3", "2", "0", "1", "0", "0", "0",
+     "-", "-", "2026-12-01 13:45:36", "message m-1 failed 1 time(s): RuntimeError: boom"],
+]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_ports_table_keeps_the_container_drops_empty_columns_and_cuts_nothing(width: int) -> None:
+    """The container tells two processes' rows apart: it stays; all-``-`` batches go first;
+    what does not fit moves to a second line, whole (not ``sta…``)."""
+    from mdbcontainer.operate import PORT_COLUMNS
+    from mdbcontainer.tables import fit
+
+    lines = fit(PORT_COLUMNS, PORT_ROWS, width)
+    assert all(len(line) <= width for line in lines), lines
+    assert "…" not in "".join(lines)
+    header = lines[0].split()
+    assert header[:2] == ["container", "port"] and "state" in header
+    assert "batches" not in lines[0] and "fallbacks" not in "".join(lines), "empty: left out"
+    rows = [line for line in lines if line.startswith("vm:")]
+    assert [r.split()[0] for r in rows] == ["vm:18893:91c9d9", "vm:18894:a1b2c3"]
+    assert "started" in rows[0] and "stopped" in rows[1]
+    text = " ".join(" ".join(lines).split())
+    assert "reason: message m-1 failed 1 time(s): RuntimeError: boom" in text, "whole, under its row"
+    for header_or_pair in ("handled", "duplicate"):  # the dedup step stays on the row's line
+        assert header_or_pair in lines[0]
+    if width == 120:
+        assert "delivered" in lines[0] and "failures" in lines[0]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_dlq_list_keeps_reason_and_exception_whole(width: int) -> None:
+    from mdbcontainer.dlq import LIST_COLUMNS
+    from mdbcontainer.tables import fit
+
+    exception = "ValidationError: 1 validation error for OrderPlaced order_id Input should be a valid integer"
+    rows = [["3f1c0a6e-1b2c-4d5e-9f00-1234567890ab", "ORDERS", "OrdersPort", "invalid-body", "1",
+             "2026-11-30 20:40:53", exception]]
+    lines = fit(LIST_COLUMNS, rows, width)
+    assert all(len(line) <= width for line in lines) and "…" not in "".join(lines), lines
+    assert lines[1].startswith("3f1c0a6e-1b2c-4d5e-9f00-1234567890ab  ORDERS  ")
+    assert "invalid-body" in lines[1], "the reason whole on the row's line"
+    assert f"exception: {exception}" in " ".join(" ".join(lines).split())
+    if width == 120:
+        assert "failed at (UTC)" in lines[0] and "port" in lines[0]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_ports_watch_is_readable_at_the_terminal_width(width: int) -> None:
+    """``mdb ports --watch`` follows the same rule: nothing cut to ``sta…`` at 120 columns."""
+    from rich.console import Console
+
+    from mdbcontainer.watch import Sample, render
+
+    fields = ("container", "port", "destination", "state", "consecutive_failures", "delivered",
+              "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body", "expired")
+    rows = [dict(zip(fields, row, strict=False)) | {"since": "2026-12-01T" + row[14][11:],
+                                                    "reason": row[15]} for row in PORT_ROWS]
+    sample = Sample(rows=rows, depths={"ORDERS": 7}, taken_at=1.0)
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(render(sample, {}, "settings.toml", [], 1.0, width))
+    lines = console.export_text().splitlines()
+    table = [line for line in lines if line.startswith(("container", "vm:", "    "))]
+    assert all(len(line) <= width for line in lines) and "…" not in "".join(lines), lines
+    assert table[0].split()[:2] == ["container", "port"] and "state" in table[0]
+    assert [line.split()[:4] for line in table if line.startswith("vm:")] == [
+        ["vm:18893:91c9d9", "OrdersPort", "ORDERS", "started"],
+        ["vm:18894:a1b2c3", "OrdersPort", "ORDERS", "stopped"]]
+    assert "batches" not in "".join(table), "all - : left out"
+    assert "reason: message m-1 failed 1 time(s): RuntimeError: boom" in " ".join(" ".join(table).split())
 
 
 # -- one exception tree (issue 13) ---------------------------------------------------------------

@@ -21,7 +21,7 @@ def test_example_settings_run_the_sample_listeners(tmp_path: Path) -> None:
 
     assert mdb("check", settings=settings, env=env).returncode == 0
     with ContainerProcess(settings, cwd=tmp_path, env=env) as container:
-        assert "created the missing tables of listeners.orders:Base" in container.output()
+        assert "created 1 table(s) of listeners.orders:Base: sample_orders" in container.output()
         sent = mdb("send", "ORDERS", '{"order_id": 1, "amount": "9.99"}', "--id", "order-1",
                    settings=settings, env=env)
         assert sent.returncode == 0, sent.stderr

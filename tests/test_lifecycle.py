@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from mdbcontainer.testing import ContainerProcess, mdb, wait_for
-from tests.conftest import RABBITMQ_URL, ROOT, Backend
+from tests.conftest import RABBITMQ_URL, ROOT, Backend, rabbitmqctl
 
 pytestmark = pytest.mark.slow
 
@@ -201,25 +201,40 @@ def test_a_bean_that_raised_is_discarded_and_replaced(backend: Backend) -> None:
 
 
 @pytest.mark.rabbitmq
-def test_a_refused_login_is_an_outage_mdb_run_retries_not_a_port_failure(rabbit: Backend) -> None:
-    """A wrong password is waited out like an unreachable broker, not a consumer error that stops
-    the port for the whole fleet (and keeps it stopped after the password is fixed)."""
-    queue = rabbit.q("Q")
-    bad = RABBITMQ_URL.replace("guest:guest", "guest:s3cret-pw")
-    settings = rabbit.write(ports={"Work": {"destination": queue}}, broker_url=bad)
-    with rabbit.container(settings).start(wait=False) as container:
-        wait_for(lambda: "broker unavailable" in container.output(), what="the outage line")
-        assert "ACCESS_REFUSED" in container.output()
-        assert container.alive()
-    assert "consumer error" not in container.output()
-    assert "s3cret-pw" not in container.output()
+def test_a_login_refused_while_running_is_an_outage_not_a_port_failure(rabbit: Backend) -> None:
+    """A password changed under a running container is waited out like an unreachable broker, not
+    a consumer error that stops the port for the whole fleet (and keeps it stopped after the
+    password is fixed). At start the same refusal is a settings error (tests/test_cli.py)."""
+    from tests.chaos import faults
+
+    user = f"mdb-{rabbit.tag}"
+    rabbitmqctl("add_user", user, "first-pw")
+    try:
+        rabbitmqctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+        queue = rabbit.q("Q")
+        settings = rabbit.write(ports={"Work": {"destination": queue}},
+                                broker_url=RABBITMQ_URL.replace("guest:guest", f"{user}:first-pw"))
+        with rabbit.container(settings) as container:
+            rabbitmqctl("change_password", user, "s3cret-pw")
+            faults.close_broker_connections(container.pid)
+            wait_for(lambda: "broker unavailable" in container.output(), what="the outage line")
+            time.sleep(3)  # reconnections refused with ACCESS_REFUSED meanwhile
+            assert container.alive()
+            rabbitmqctl("change_password", user, "first-pw")
+            with rabbit.producer(settings) as producer:
+                producer.send(queue, {"n": 1}, message_id="after")
+            wait_for(lambda: rabbit.effects().get("after"), timeout=60, what="a delivery after the fix")
+        assert "consumer error" not in container.output()
+        assert "first-pw" not in container.output()
+    finally:
+        rabbitmqctl("delete_user", user)
     with rabbit.engine.connect() as conn:
         rows = conn.execute(text(f'SELECT name, state FROM "{rabbit.schema}".mdb_port')).all()
     assert rows == [], "no fleet-wide stop was written"
 
 
 def test_port_start_while_a_stopped_port_still_finishes_a_long_delivery(backend: Backend) -> None:
-    """Contract 4: ``mdb port start NAME`` starts a stopped port again. A request made while
+    """``mdb port start NAME`` starts a stopped port again. A request made while
     another consumer still finishes a long delivery (over the control loop's 5 s join) must
     start the port once that delivery ends, not be forgotten."""
     queue = backend.q("Q")
@@ -243,7 +258,7 @@ def test_port_start_while_a_stopped_port_still_finishes_a_long_delivery(backend:
 
 
 def test_a_bean_whose_teardown_raises_still_fails_with_its_own_error() -> None:
-    """Contract 1: a bean that raised is discarded (teardown) and replaced. A teardown that
+    """A bean that raised is discarded (teardown) and replaced. A teardown that
     raises too must not replace the handler's error (the one x-mdb-exception reports)."""
     from mdbcontainer.handlers import HandlerSpec, Invoker
 

@@ -56,7 +56,7 @@ def test_the_named_metadata_is_created_at_start_and_handlers_write_to_it(backend
     with backend.container(settings) as container:
         tables = inspect(backend.engine).get_table_names(schema=backend.schema)
         assert "shipments" in tables, "created before the first delivery"
-        assert "created the missing tables of shipping:Base (1 table(s))" in container.output()
+        assert "created 1 table(s) of shipping:Base: shipments" in container.output()
         with backend.producer(settings) as producer:
             producer.send(queue, {"id": 7, "carrier": "post"})
         table = f'"{backend.schema}".shipments' if backend.schema else "shipments"
@@ -70,6 +70,8 @@ def test_the_named_metadata_is_created_at_start_and_handlers_write_to_it(backend
     with backend.container(settings) as again:  # a second start leaves the table and its rows
         assert shipped() == [(7, "post")]
         assert again.terminate() == 0
+    assert "all 1 table(s) of shipping:Base exist; none created" in again.output()
+    assert again.output().count("created 1 table") == 1, "the second start created nothing (one log)"
 
 
 @pytest.mark.parametrize(("reference", "expected"), [

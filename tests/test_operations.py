@@ -326,9 +326,15 @@ def test_watch_draws_states_rates_failures_and_backlog(backend: Backend) -> None
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "mdb ports --watch" in out and "msg/s" in out and "backlog" in out
-    bean = next(line for line in out.splitlines() if f" {other} " in line)
-    assert "stopped" in bean and "maximum retries (0) exceeded" in bean
-    assert bean.split("│")[11].strip() == "2", "the poison message and the one behind it wait"
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("container "))
+    assert header.split()[:4] == ["container", "port", "queue", "state"], header
+    at = lines.index(next(line for line in lines if f" {other} " in line))
+    bean, below = lines[at], lines[at + 1]
+    assert "stopped" in bean and "…" not in out
+    assert "maximum retries (0) exceeded" in bean + below, "the reason whole, beside or under its row"
+    end = header.index("backlog") + len("backlog")  # numbers are right-aligned under their header
+    assert bean[:end].split()[-1] == "2", "the poison message and the one behind it wait"
     work = next(line for line in out.splitlines() if f" {queue} " in line)
     assert "started" in work
     assert f"backout queues: {backend.q('DLQ')} 0" in out
@@ -443,7 +449,8 @@ def test_ports_table_agrees_with_json_and_shows_a_skipped_duplicate(backend: Bac
     lines = narrow.stdout.splitlines()
     assert all(len(text) <= 80 for text in lines), narrow.stdout
     assert "handled" in lines[0] and "duplicate" in lines[0], "the dedup step is visible in 80 columns"
-    assert "(left out to fit 80 columns: " in narrow.stdout
+    assert lines[0].startswith("container ") and lines[1].startswith(row["container"])
+    assert "…" not in narrow.stdout and "batches" not in narrow.stdout, "empty: left out, nothing cut"
 
     skipped = [text for text in log.splitlines() if "duplicate_skipped" in text]
     assert len(skipped) == 1, log

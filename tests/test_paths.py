@@ -1,4 +1,4 @@
-"""Relative paths in a settings file are relative to its folder (contract section 10).
+"""Relative paths in a settings file are relative to its folder (README: *Settings reference*).
 
 Every ``mdb`` command, from any working directory, finds the same embedded
 broker, SQLite database and TLS files as the container.
@@ -55,13 +55,15 @@ def test_check_prints_the_resolved_broker_and_database(tmp_path: Path) -> None:
 
 
 def test_check_masks_the_passwords_it_prints(tmp_path: Path) -> None:
-    settings = app(tmp_path, broker_url="amqp://guest:brokerpw@127.0.0.1:5672//",
-                   database_url="postgresql+psycopg://app:dbpw@127.0.0.1:5432/test")
+    # Nothing listens on port 1: check warns that both are down (and masks them there too).
+    settings = app(tmp_path, broker_url="amqp://guest:brokerpw@127.0.0.1:1//",
+                   database_url="postgresql+psycopg://app:dbpw@127.0.0.1:1/test")
     result = mdb("check", "-c", str(settings), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "broker amqp://guest:***@127.0.0.1:5672//" in result.stdout
-    assert "database postgresql+psycopg://app:***@127.0.0.1:5432/test" in result.stdout
-    assert "brokerpw" not in result.stdout and "dbpw" not in result.stdout
+    assert "broker amqp://guest:***@127.0.0.1:1//" in result.stdout
+    assert "database postgresql+psycopg://app:***@127.0.0.1:1/test" in result.stdout
+    assert "not reachable" in result.stderr
+    assert "brokerpw" not in result.stdout + result.stderr and "dbpw" not in result.stdout + result.stderr
 
 
 def test_tls_files_and_absolute_paths(tmp_path: Path) -> None:

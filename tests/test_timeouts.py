@@ -10,10 +10,16 @@ masked, and warn about a classic backout queue behind a quorum queue.
 
 from __future__ import annotations
 
+import threading
 import time
+import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
+import amqp
 import pytest
+from amqp import spec
+from amqp.method_framing import frame_writer
 
 from mdbcontainer.broker import Broker, Publisher
 from mdbcontainer.errors import SettingsError
@@ -155,3 +161,48 @@ def test_a_queue_on_a_node_that_is_down_is_an_outage_not_a_refusal() -> None:
                                  (50, 10), "Queue.declare")
     assert node_down(down)
     assert not node_down(missing) and not node_down(refused)
+
+
+def test_the_installed_py_amqp_serializes_frame_writes_from_several_threads() -> None:
+    """The heartbeat thread writes while the consumer acknowledges or publishes, outside the lock.
+
+    That is safe only because py-amqp's frame writer takes a lock of its own
+    (5.4.2 and later; 5.3 shares one buffer unlocked): pyproject.toml requires
+    it, and the installed one must have it.
+    """
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    [wanted] = [Requirement(r) for r in pyproject["project"]["dependencies"]
+                if Requirement(r).name == "amqp"]
+    assert not wanted.specifier.contains(Version("5.3.1")), wanted
+    assert wanted.specifier.contains(amqp.__version__), amqp.__version__
+
+    inside = 0
+    most = 0
+    count = threading.Lock()
+
+    def write(_data: bytes) -> None:
+        nonlocal inside, most
+        with count:
+            inside += 1
+            most = max(most, inside)
+        time.sleep(0.005)
+        with count:
+            inside -= 1
+
+    connection = SimpleNamespace(frame_max=131072, bytes_sent=0)
+    write_frame = frame_writer(connection, SimpleNamespace(write=write))
+
+    def acks() -> None:
+        for tag in range(10):
+            write_frame(1, 1, spec.Basic.Ack, tag.to_bytes(8, "big") + b"\0", None)
+
+    threads = [threading.Thread(target=acks) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert connection.bytes_sent == 40
+    assert most == 1, "two threads wrote frames at once"

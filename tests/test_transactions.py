@@ -218,7 +218,8 @@ def test_the_container_tables_honour_table_prefix_and_db_schema(backend: Backend
         with backend.container(settings):
             wait_for(lambda: backend.effects("Downstream"), what="the send consumed")
         tables = set(inspect(backend.engine).get_table_names(schema=own_schema))
-        assert {"acme_dedup", "acme_delivery", "acme_outbox", "acme_port", "acme_container"} <= tables
+        assert {"acme_dedup", "acme_delivery", "acme_outbox", "acme_port", "acme_container",
+                "acme_lease"} <= tables
         assert not [t for t in tables if t.startswith("mdb_")]
         if own_schema:
             business = set(inspect(backend.engine).get_table_names(schema=backend.schema))

@@ -29,6 +29,8 @@ from .topology import TopologyChannel
 logger = get_logger("mdbcontainer.embedded")
 
 DEFAULT_RECLAIM_INTERVAL = 3.0
+#: How often a polling channel dead-letters the due messages of TTL queues nobody consumes.
+EXPIRY_INTERVAL = 0.2
 
 
 class Channel(TopologyChannel):
@@ -54,6 +56,7 @@ class Channel(TopologyChannel):
             synchronous=str(opts.get("synchronous", "NORMAL")),
         )
         self._next_reclaim = 0.0
+        self._next_expiry = 0.0
         channel_opened(self._uid)
         self._maybe_reclaim()
 
@@ -78,8 +81,16 @@ class Channel(TopologyChannel):
     def _get(self, queue: str, timeout: float | None = None) -> Payload:
         return self._fetch(queue, queue in self._no_ack_queues)
 
+    def _maybe_expire(self) -> None:
+        """Send back what waited long enough on a TTL queue, at most every EXPIRY_INTERVAL."""
+        now = time.monotonic()
+        if now >= self._next_expiry:
+            self._next_expiry = now + EXPIRY_INTERVAL
+            self.store.expire_due()
+
     def _fetch(self, queue: str, auto_ack: bool) -> Payload:
         self._maybe_reclaim()
+        self._maybe_expire()
         payload = self.store.claim(queue, self._token, auto_ack)
         if payload is None:
             raise Empty()

@@ -39,6 +39,13 @@ _TAKE = f"""
     DELETE FROM broker_messages WHERE id = ({_NEXT_READY})
     RETURNING id, payload, delivery_count + 1, redelivered"""
 
+# Queues with a queue-level TTL (redelivery wait queues among them) that hold a due message.
+_DUE_QUEUES = """
+    SELECT q.name FROM broker_queues q
+    WHERE q.message_ttl IS NOT NULL AND EXISTS (
+        SELECT 1 FROM broker_messages m
+        WHERE m.queue = q.name AND m.expires_at <= ? AND m.claimed_by IS NULL)"""
+
 _UNCLAIM = """
     UPDATE broker_messages
     SET claimed_by = NULL, claim = NULL, claimed_at = NULL, redelivered = 1,
@@ -98,6 +105,24 @@ class MessageStore(RoutingStore):
                 else:
                     row = db.execute(_CLAIM, (owner, claim, now, queue)).fetchone()
         return None if row is None else as_delivery(row, claim)
+
+    def expire_due(self) -> int:
+        """Dead-letter the due messages of every queue with a TTL, consumed or not.
+
+        RabbitMQ expires a TTL queue's messages with nobody consuming it, and a
+        redelivery wait queue (``mdbcontainer/delays.py``) never has a consumer:
+        its messages must go back to their queue when their wait is up. One
+        indexed read when nothing is due; the move is one transaction.
+        """
+        with self.lock:
+            now = time.time()
+            due = [row[0] for row in self.db.execute(_DUE_QUEUES, (now,)).fetchall()]
+            if not due:
+                return 0
+            with immediate(self.db):
+                for queue in due:
+                    self._expire(queue, now)
+        return len(due)
 
     def _expire(self, queue: str, now: float) -> None:
         rows = self.db.execute(

@@ -8,6 +8,8 @@ outage), outage (while the file body["flag"] exists, connect to a database
 that refuses: the handler's own database is down, a real OperationalError).
 With ``"pause": [reached, go]`` the handler first creates the file ``reached``
 and waits for the file ``go`` (so a test can act while it runs).
+An optional ``"fail_first": K`` fails the first K deliveries (redelivery count
+below K), whatever the action, then lets it run (a message that succeeds on a retry).
 An optional ``"then"`` runs after the action: ``"rollback"``
 (set_rollback_only) or ``"fail"`` (raise), so work and sends made by the
 action are discarded with the transaction.
@@ -75,6 +77,8 @@ def perform(port: str, message: Message, ctx: MessageContext, session: Any | Non
         pause(*body["pause"])
     if action == "outage" and os.path.exists(body["flag"]):
         create_engine("postgresql+psycopg://nobody@127.0.0.1:1/down").connect().close()
+    if message.redelivery_count < int(body.get("fail_first", 0)):
+        raise RuntimeError(f"message {body.get('n')} fails its first {body['fail_first']} deliveries")
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "fail":

@@ -3,11 +3,14 @@
     python -m tests.chaos.run [--full] [--seed N]       (make chaos: --full)
 
 A producer sends the messages (1000; 5000 with ``--full``), some of them
-twice with the same id and 1% poison (their handler always raises), to two
+twice with the same id, 1% poison (their handler always raises) and 2% flaky
+(their first two deliveries fail, then they succeed), to two
 listener ports of 4 consumers each in one ``mdb run``: ``Work``
 (container-managed) and ``Bean`` (bean-managed), both once-only, each
 handling a good message with a business row and an outbox send to a third
-port, ``Downstream`` (once-only, container-managed). Meanwhile the driver, at
+port, ``Downstream`` (once-only, container-managed). The queues of ``Work`` and
+``Bean`` have a redelivery delay (1 s, doubling, at most 4 s), so a failed
+message waits on a wait queue, through kills and broker faults too. Meanwhile the driver, at
 random moments drawn from the seed, SIGKILLs the container and restarts it
 (3 times; 10 with ``--full``), breaks the broker once (the short run closes
 the container's own connections from the broker's side, so the tests running
@@ -24,7 +27,7 @@ fails unless: every good message's business row exists exactly once for its
 port, every poison message is in the backout queue, every outbox send was
 applied exactly once downstream, every port is started, and the container's
 own tables agree (no outbox row left, the dedup rows are exactly the handled
-ids per port, no port switched off).
+ids per port, no port switched off), and no message is left waiting.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from mdbcontainer.delays import wait_queues
 from mdbcontainer.producer import Producer
+from mdbcontainer.settings import QueueSettings
 from mdbcontainer.store import Tables
 from mdbcontainer.testing import ContainerProcess, mdb, wait_for
 from tests.chaos import faults
@@ -63,6 +68,8 @@ BACKOUT_THRESHOLD = 8
 # fail back to back: consecutive failures may pass the threshold. The port
 # must not stop for that here (its stop is not what this run looks at).
 MAX_RETRIES = 100
+# Failed messages of Work and Bean wait on the broker: 1 s, 2 s, then 4 s each time.
+DELAYS = {"redelivery_delay": "1s", "redelivery_backoff": 2.0, "redelivery_delay_max": "4s"}
 CONCURRENCY = 4
 PREFETCH = 10
 STALL = 120.0  # no progress for this long fails the run
@@ -84,6 +91,7 @@ class Plan:
     rate: float  # messages per second from the producer
     duplicate_share: float = 0.02
     poison_share: float = 0.01
+    flaky_share: float = 0.02  # good messages whose first two deliveries fail
     db_outage: float = 5.0
 
     @classmethod
@@ -105,11 +113,14 @@ class Workload:
     poison: set[str]
     duplicated: list[str]
     order: list[str]
+    flaky: set[str] = field(default_factory=set)
 
     def body(self, message_id: str) -> dict[str, Any]:
         n = int(message_id[2:])
         if message_id in self.poison:
             return {"n": n, "action": "fail"}
+        if message_id in self.flaky:
+            return {"n": n, "action": "send", "to": self.down, "fail_first": 2}
         return {"n": n, "action": "send", "to": self.down}
 
     def good(self, port: str) -> set[str]:
@@ -131,7 +142,10 @@ def make_workload(plan: Plan, rng: random.Random, queues: dict[str, str], down: 
     order = list(ids)
     for message_id in duplicated:  # the second copy a little later in the stream
         order.insert(min(len(order), order.index(message_id) + rng.randint(1, 200)), message_id)
-    return Workload(queues, down, port_of, poison, duplicated, order)
+    # Flaky ones are sent once: two copies would share (and double) their failures.
+    others = sorted(set(ids) - poison - set(duplicated))
+    flaky = set(rng.sample(others, round(plan.messages * plan.flaky_share)))
+    return Workload(queues, down, port_of, poison, duplicated, order, flaky)
 
 
 @dataclass
@@ -161,6 +175,7 @@ class ChaosRun:
         self._produced = threading.Event()
         self._producer_error: list[str] = []
         self.findings: list[str] = []  # checks made on the way, reported at the end
+        self.waits: list[str] = []  # the wait queues of Work's and Bean's queues
 
     # -- the run ------------------------------------------------------------
 
@@ -210,6 +225,10 @@ class ChaosRun:
         ports["Downstream"] = {"destination": w.down, "concurrency": CONCURRENCY,
                                "prefetch": PREFETCH, "max_retries": MAX_RETRIES}
         queues = {q: {"backout_threshold": BACKOUT_THRESHOLD} for q in [*w.queues.values(), w.down]}
+        for queue in w.queues.values():
+            queues[queue].update(DELAYS)
+            self.waits += wait_queues(queue, QueueSettings(**queues[queue]))
+        self.backend.queues.update(self.waits)  # removed at the end with the others
         return self.backend.write(ports=ports, queues=queues, database_url=self.role.url,
                                   connect_timeout="5s")
 
@@ -359,7 +378,7 @@ class ChaosRun:
 
     def _snapshot(self) -> tuple[int, ...]:
         probe = self.backend.probe(self.settings)
-        queues = [*self.workload.queues.values(), self.workload.down]
+        queues = [*self.workload.queues.values(), self.workload.down, *self.waits]
         return (self.rows(), self._outbox_rows(), *(probe.count(q) for q in queues),
                 probe.count(self.backend.q("DLQ")))
 
@@ -377,7 +396,7 @@ class ChaosRun:
             if snap != last:
                 last, since = snap, time.monotonic()
             quiet = time.monotonic() - since
-            empty = not any(snap[1:-1])  # no outbox row, nothing ready on the three queues
+            empty = not any(snap[1:-1])  # no outbox row, nothing ready on the queues, none waiting
             complete = snap[0] >= self.workload.expected_rows
             if empty and quiet >= (QUIET if complete else 30.0):  # incomplete: the checks say what is missing
                 return
@@ -395,6 +414,8 @@ class ChaosRun:
             failures += exactly_once(port, self.backend.effects(port), self.workload.good(port))
         failures += exactly_once("Downstream", self.backend.effects("Downstream"), self.workload.downstream())
         failures += self._verify_backout()
+        probe = self.backend.probe(self.settings)
+        failures += [f"{n} message(s) still waiting on {q}" for q in self.waits if (n := probe.count(q))]
         failures += self._verify_ports()
         failures += self._verify_tables()
         return failures
@@ -473,7 +494,7 @@ class ChaosRun:
         handled = sum(len(set(self.backend.effects(p)) & w.good(p)) for p in PORTS)
         self.say(
             f"chaos seed={self.plan.seed} messages={self.plan.messages} duplicates={len(w.duplicated)} "
-            f"poison={len(w.poison)} kills={t.kills} broker_restarts={t.broker_restarts} "
+            f"poison={len(w.poison)} flaky={len(w.flaky)} kills={t.kills} broker_restarts={t.broker_restarts} "
             f"broker_closes={t.broker_closes} db_outages={t.db_outages} handled={handled} "
             f"backed_out={sum(self.dead.values()) if hasattr(self, 'dead') else 0} "
             f"downstream={len(self.backend.effects('Downstream'))} "
