@@ -76,9 +76,13 @@ class BatchPipeline(Pipeline):
             return idle
         return max(0.0, min(idle, self._first_at + self.linger - time.monotonic()))
 
+    def due(self) -> bool:
+        """The first delivery of the batch being gathered has lingered long enough."""
+        return bool(self._gathered) and time.monotonic() - self._first_at >= self.linger
+
     def tick(self) -> None:
         """Between deliveries: run the batch whose first delivery has lingered long enough."""
-        if self._gathered and time.monotonic() - self._first_at >= self.linger:
+        if self.due():
             self.flush()
 
     def hand_back_gathered(self) -> None:

@@ -147,8 +147,12 @@ class Pipeline:
         """How long the consumer may block waiting for the next delivery."""
         return idle
 
+    def due(self) -> bool:
+        """Whether :meth:`tick` has work now (the consumer asks between deliveries, cheaply)."""
+        return False
+
     def tick(self) -> None:
-        """Called between deliveries (a batch whose linger is up runs here)."""
+        """Called between deliveries when :meth:`due` (a batch whose linger is up runs here)."""
 
     def hand_back_gathered(self) -> None:
         """Graceful stop: hand back what was received but not started."""

@@ -423,9 +423,10 @@ class PortConsumer:
         while not stop.is_set() and not resources.shutting_down:
             self.alive_at = time.monotonic()
             sub.drain(pipeline.wait_limit(0.5))
-            with sub.between_reads():  # a lingered batch may run longer than two heartbeats
-                pipeline.tick()
-                self.acks.tick()
+            if pipeline.due():  # a lingered batch may run longer than two heartbeats
+                with sub.between_reads():
+                    pipeline.tick()
+            self.acks.tick()
         pipeline.hand_back_gathered()
         self._hand_back_all(sub)
 
