@@ -108,7 +108,8 @@ class Delivery:
         """When a message with a TTL expires: its timestamp plus its ``expiration``."""
         expiration = self._raw.properties.get("expiration")
         if not expiration:  # the common case: no datetime work at all
-            waited = self.header(WAIT_EXPIRES_AT)  # back from a wait: the expiry it kept
+            headers = self._raw.headers  # back from a wait: the expiry it kept
+            waited = headers.get(WAIT_EXPIRES_AT) if headers else None
             return _parse_instant(waited) if waited else None
         stamp = from_epoch(self._raw.properties.get("timestamp"))
         if stamp is None:
@@ -117,10 +118,6 @@ class Delivery:
             return stamp + timedelta(milliseconds=int(expiration))
         except (TypeError, ValueError, OverflowError):
             return None
-
-    def expired(self, grain: timedelta) -> bool:
-        expires_at = self.expires_at()
-        return expires_at is not None and expires_at + grain <= datetime.now(UTC)
 
     def copy_to(self, queue: str, headers: dict[str, Any], *, replace: bool = False) -> Outgoing:
         """This message, body, id and properties intact, bound for ``queue``.
@@ -223,7 +220,7 @@ def envelope(delivery: Delivery, message_id: str, count: int, accept: list[str] 
              max_bytes: int, destination: str) -> Message:
     """The handler's Message for a delivery (decoding the body; may raise InvalidBody)."""
     raw = delivery._raw
-    data = body_bytes(raw.body, raw.content_encoding)
+    data = raw.body if type(raw.body) is bytes else body_bytes(raw.body, raw.content_encoding)
     content_type = raw.content_type or ""
     body = decode_body(data, content_type, accept, max_bytes, raw.content_encoding or None)
     message = object.__new__(_Envelope)

@@ -221,7 +221,8 @@ class Pipeline:
 
     def _expired(self, delivery: Delivery) -> bool:
         # The AMQP timestamp has whole seconds: allow one, so nothing expires early.
-        if not delivery.expired(_TIMESTAMP_GRAIN):
+        expires_at = delivery.expires_at()
+        if expires_at is None or expires_at + _TIMESTAMP_GRAIN > datetime.now(UTC):
             return False
         expiry_queue = self.port.queue_settings.expiry_queue
         if expiry_queue:
@@ -269,7 +270,8 @@ class Pipeline:
         try:
             message = envelope(delivery, message_id, count, self.accept,
                                self.settings.max_message_bytes, self.queue)
-            self._argument = self.invoker.argument(message)
+            invoker = self.invoker
+            self._argument = message if invoker.adapter is None else invoker.argument(message)
         except InvalidBody as exc:
             self._back_out(delivery, REASON_INVALID, count, f"InvalidBody: {exc}", outcome="invalid_body")
             return None
