@@ -377,7 +377,12 @@ class Pipeline:
                   f"moved to {self.port.backout_queue} ({reason})")
 
     def _log(self, level: int, outcome: str, message_id: Any, count: int | None, detail: str) -> None:
-        """One line per failed or backed-out delivery: its facts in the text and as fields."""
+        """One line per failed or backed-out delivery: its facts in the text and as fields.
+
+        Nothing is formatted for a level that is off (a storm of skipped duplicates at INFO
+        with the level at WARNING costs one check each)."""
+        if not log.isEnabledFor(level):
+            return
         duration = time.monotonic() - self._started
         label = {"failed": "delivery failed", "backed_out": "backed out",
                  "invalid_body": "invalid body, backed out"}.get(outcome, outcome)
