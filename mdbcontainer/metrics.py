@@ -67,6 +67,8 @@ class Tally:
 
     def end_to_end(self, timestamp: Any) -> None:
         """Observe now minus the message's AMQP timestamp; a message without one is skipped."""
+        if timestamp is None:
+            return
         if isinstance(timestamp, int | float) and not isinstance(timestamp, bool):
             sent = float(timestamp)  # py-amqp's epoch seconds: no datetime on the hot path
         else:
