@@ -14,6 +14,7 @@ trips per message from the libpq protocol trace. See benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import fcntl
 import os
@@ -23,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -122,6 +124,7 @@ class Bench:
         self.n = n
         self.tag = uuid.uuid4().hex[:8]
         self.queue = f"bench-{self.tag}"
+        self.side = f"bench-{self.tag}-side"  # the hand-written consumer's own queue (--paired)
         self.schema = f"bench_{self.tag}"
         self.tmp = Path(tempfile.mkdtemp(prefix="mdb-bench-"))
         self.engine = create_engine(POSTGRES_URL)
@@ -148,32 +151,35 @@ class Bench:
             ))
             conn.execute(text(f'ANALYZE "{self.schema}".{table}'))
 
-    def load(self, n: int, *, wait: bool = True) -> None:
+    def load(self, n: int, *, wait: bool = True, queue: str | None = None) -> None:
         """Publish n persistent JSON messages with fresh ids; return once the queue holds them."""
         self.loads += 1
+        queue = queue or self.queue
         with kombu.Connection(RABBITMQ_URL, connect_timeout=5) as conn:
             channel = conn.channel()
-            channel.queue_declare(queue=self.queue, durable=True, auto_delete=False)
+            channel.queue_declare(queue=queue, durable=True, auto_delete=False)
             producer = kombu.Producer(channel)
             for i in range(n):
-                producer.publish({"n": i, "kind": "bench"}, exchange="", routing_key=self.queue,
+                producer.publish({"n": i, "kind": "bench"}, exchange="", routing_key=queue,
                                  serializer="json", delivery_mode=2,
                                  message_id=f"{self.tag}-{self.loads}-{i}")
             if not wait:  # a running consumer drains it meanwhile
                 return
-            wait_for(lambda: channel.queue_declare(queue=self.queue, passive=True).message_count == n,
-                     60, 0.1, f"{n} messages on {self.queue}")
+            wait_for(lambda: channel.queue_declare(queue=queue, passive=True).message_count == n,
+                     60, 0.1, f"{n} messages on {queue}")
 
     def close(self) -> None:
         """Remove the queues and the schema, waiting a little for a service that restarts."""
         shutil.rmtree(self.tmp, ignore_errors=True)
-        queues = [self.queue, f"{self.queue}.DLQ"]
+        queues = [self.queue, f"{self.queue}.DLQ", self.side]
         try:
             with kombu.Connection(RABBITMQ_URL, connect_timeout=5) as broker:
                 broker.ensure_connection(max_retries=10, interval_start=1, interval_max=3)
                 channel = broker.channel()
                 for name in queues:
-                    channel.queue_delete(queue=name)
+                    with contextlib.suppress(Exception):  # --paired only declares the side queue
+                        channel = channel if channel.is_open else broker.channel()
+                        channel.queue_delete(queue=name)
         except Exception as exc:
             print(f"warning: queues {', '.join(queues)} left on RabbitMQ: {exc}", file=sys.stderr)
         try:
@@ -187,7 +193,7 @@ class Bench:
 # -- hand-written consumers -------------------------------------------------------------
 
 def kombu_drain(bench: Bench, n: int, handle: Callable[[Any, Any], None],
-                profile: Path | None = None) -> Timing:
+                profile: Path | None = None, queue: str | None = None) -> Timing:
     """One connection, prefetch 100, drain_events; timed from the first message to the n-th.
 
     ``profile``: a cProfile of this thread over the same span, on its CPU clock (as the
@@ -210,8 +216,8 @@ def kombu_drain(bench: Bench, n: int, handle: Callable[[Any, Any], None],
                 profiler.dump_stats(str(profile))
 
     with kombu.Connection(RABBITMQ_URL) as conn:
-        queue = kombu.Queue(bench.queue, no_declare=True)
-        with conn.Consumer([queue], callbacks=[on_message], prefetch_count=PREFETCH, accept=["json"]):
+        source = kombu.Queue(queue or bench.queue, no_declare=True)
+        with conn.Consumer([source], callbacks=[on_message], prefetch_count=PREFETCH, accept=["json"]):
             while done < n:
                 try:
                     conn.drain_events(timeout=30)
@@ -275,11 +281,13 @@ def mdb(*args: str, env: dict[str, str]) -> None:
 def container(bench: Bench, port: str, n: int, *, trace: Path | None = None,
               profile: Path | None = None, latency: Path | None = None,
               load: Callable[[], None] | None = None,
-              after: Callable[[ContainerProcess], None] | None = None) -> Timing:
+              after: Callable[[ContainerProcess], None] | None = None,
+              beside: Callable[[], None] | None = None) -> Timing:
     """``mdb run`` with its port stopped; load n messages, start the port, wait for the stamp.
 
     ``load`` replaces loading before the start (the latency run publishes at a steady
-    rate after it)."""
+    rate after it); ``beside`` is called as the port starts (--paired starts the
+    hand-written consumer then)."""
     bench.fresh_schema()
     stamp = bench.tmp / f"{port}-{uuid.uuid4().hex[:6]}.stamp"
     settings = write_settings(bench.tmp / "settings.toml", {
@@ -308,6 +316,8 @@ def container(bench: Bench, port: str, n: int, *, trace: Path | None = None,
             bench.load(n)
         marks = lb.trace_sizes(trace)
         mdb("port", "start", port, *config, env=cli_env)
+        if beside is not None:  # after the command's own process has exited
+            beside()
         if load is not None:
             wait_for(lambda: (proc.port_state(port) or {}).get("state") == "started", 30, 0.1, "the port")
             load()
@@ -399,14 +409,43 @@ def label(name: str) -> str:
     return {"plain": "kombu plain", "naive": "kombu+SQL"}.get(name, name)
 
 
+def paired(bench: Bench, port: str, n: int, hand: Result, box: Result) -> None:
+    """The plain kombu consumer on a queue of its own, in a thread of this process, started
+    with the port: both drain at the same time, so both see the same load (their CPU per
+    message is then comparable on a busy machine; each slows the other a little)."""
+    bench.load(n, queue=bench.side)
+    done: list[Timing] = []
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        try:
+            done.append(kombu_drain(bench, n, plain, queue=bench.side))
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=drain, name="bench-plain", daemon=True)
+    box.run(lambda: contestant(port)(bench, n, beside=thread.start))
+    thread.join(60)
+    if errors or not done:
+        raise BenchError(f"the paired kombu consumer failed: {errors[0] if errors else 'timed out'}")
+    hand.timings.append(done[0])
+    hand.loads.append(box.loads[-1])
+
+
 def run_scenario(bench: Bench, scenario: str, args: argparse.Namespace) -> list[Result]:
-    """Alternate the contestants ``--repeat`` times, then the traced pass and the profile."""
+    """Alternate the contestants ``--repeat`` times (or run them side by side with
+    ``--paired``), then the traced pass and the profile."""
     n = bench.n
     base, port = SCENARIOS[scenario]
     hand, box = Result(scenario, label(base), n), Result(scenario, port, n)
     prof = args.profile / f"{scenario}.prof" if args.profile else None
     base_prof = args.profile / f"{scenario}-{base}.prof" if args.profile else None
     for i in range(args.repeat):
+        if args.paired:
+            if base != "plain":
+                raise BenchError(f"--paired needs a scenario with the plain consumer: {scenario} has {base}")
+            paired(bench, port, n, hand, box)
+            continue
         hand.run(lambda i=i: contestant(base)(bench, n, profile=base_prof if i == 0 else None))
         box.run(lambda i=i: contestant(port)(bench, n, profile=prof if i == 0 else None))
     for result, name in ((hand, base), (box, port)) if args.trace_n else ():
@@ -464,6 +503,9 @@ def main() -> int:
     parser.add_argument("--trace-n", type=int, default=500, help="messages of the traced pass (0: skip)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="cProfile the container's first run into DIR (slows it down)")
+    parser.add_argument("--paired", action="store_true",
+                        help="run the plain kombu consumer beside the container, at the same time "
+                             "(none, batch, batch-per-message): CPU per message under the same load")
     parser.add_argument("--dedup-rows", type=int, default=0,
                         help="fill both dedup tables with this many old rows first (e.g. 2000000)")
     args = parser.parse_args()
