@@ -39,10 +39,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository, for a checkout without an editable install
 import listeners_bench as lb  # noqa: E402  (the script's own folder is on sys.path)
 
-from mdbcontainer.broker import Broker  # noqa: E402
-from mdbcontainer.delays import wait_queues  # noqa: E402
 from mdbcontainer.settings import QueueSettings, load_settings  # noqa: E402
 from mdbcontainer.testing import ContainerProcess, wait_for, write_settings  # noqa: E402
+from mdbcontainer.wire.broker import Broker  # noqa: E402
+from mdbcontainer.wire.delays import wait_queues  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -35,9 +35,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository, for a checkout without an editable install
 import listeners_scaling as ls  # noqa: E402  (the script's own folder is on sys.path)
 
-from mdbcontainer.control import Control  # noqa: E402
 from mdbcontainer.settings import load_settings  # noqa: E402
-from mdbcontainer.store import Store  # noqa: E402
+from mdbcontainer.state.control import Control  # noqa: E402
+from mdbcontainer.state.store import Store  # noqa: E402
 from mdbcontainer.testing import wait_for, write_settings  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository, for a checkout without an editable install
 import listeners_bench as lb  # noqa: E402  (the script's own folder is on sys.path)
 
-from mdbcontainer.store import Tables  # noqa: E402
+from mdbcontainer.state.store import Tables  # noqa: E402
 from mdbcontainer.testing import ContainerProcess, wait_for, write_settings  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -70,6 +70,32 @@ SCENARIOS = {
     "batch-per-message": ("plain", "BenchOnceBatched"),
 }
 Timing = tuple[float, float]  # wall-clock and consumer-thread CPU seconds, first message to N-th
+
+
+@contextmanager
+def otlp_sink() -> Iterator[str]:
+    """An OTLP/HTTP endpoint that takes every export and drops it: what the exporter costs is the
+    container's (encoding, posting), what a collector costs is not counted."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @contextmanager
@@ -130,6 +156,7 @@ class Bench:
         self.engine = create_engine(POSTGRES_URL)
         self.loads = 0
         self.dedup_rows = 0
+        self.container_env: dict[str, str] = {}  # --tracing: the OTEL_* variables of mdb run
 
     def fresh_schema(self) -> None:
         """An empty schema per contestant, with the baseline's dedup and business tables."""
@@ -302,7 +329,7 @@ def container(bench: Bench, port: str, n: int, *, trace: Path | None = None,
                "BENCH_SCHEMA": bench.schema}
     env = {**cli_env, "BENCH_N": str(n), "BENCH_STAMP": str(stamp),
            "BENCH_TRACE": str(trace or ""), "BENCH_PROFILE": str(profile or ""),
-           "BENCH_LATENCY": str(latency or "")}
+           "BENCH_LATENCY": str(latency or ""), **bench.container_env}
     config = ["-c", str(settings)]
     mdb("port", "stop", port, *config, env=cli_env)
     proc = ContainerProcess(settings, ports=[port], env=env, cwd=HERE,
@@ -506,6 +533,8 @@ def main() -> int:
     parser.add_argument("--paired", action="store_true",
                         help="run the plain kombu consumer beside the container, at the same time "
                              "(none, batch, batch-per-message): CPU per message under the same load")
+    parser.add_argument("--tracing", action="store_true",
+                        help="run mdb run with tracing on, exporting OTLP/HTTP to a sink (the otel extra)")
     parser.add_argument("--dedup-rows", type=int, default=0,
                         help="fill both dedup tables with this many old rows first (e.g. 2000000)")
     args = parser.parse_args()
@@ -513,11 +542,15 @@ def main() -> int:
         args.profile = args.profile.resolve()
         args.profile.mkdir(parents=True, exist_ok=True)
     scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
-    print(f"N={args.n}, prefetch {PREFETCH}, one consumer; load averages before: "
+    print(f"N={args.n}, prefetch {PREFETCH}, one consumer, tracing {'on' if args.tracing else 'off'}; "
+          "load averages before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    with services_kept_up():
+    with services_kept_up(), otlp_sink() as sink:
         bench = Bench(args.n)
         bench.dedup_rows = args.dedup_rows
+        if args.tracing:
+            bench.container_env = {"MDB_CONTAINER__TRACING": "true", "OTEL_SERVICE_NAME": "bench",
+                                   "OTEL_EXPORTER_OTLP_ENDPOINT": sink}
         try:
             if scenarios == ["latency"]:
                 steady_latency(bench, args)

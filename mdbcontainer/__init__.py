@@ -29,17 +29,17 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .context import BatchContext, MessageContext
-    from .handlers import message_driven
+    from .handlers.registry import message_driven
     from .message import Message
-    from .producer import Producer
+    from .sending.producer import Producer
     from .settings import Settings, load_settings
+    from .units.context import BatchContext, MessageContext
 
 # Imported on first use: ``mdb send`` loads the CLI through this package, and the
 # handler and transaction machinery (SQLAlchemy) would cost it a second.
 _LAZY = {
-    "BatchContext": "context", "MessageContext": "context", "message_driven": "handlers",
-    "Message": "message", "Producer": "producer", "Settings": "settings", "load_settings": "settings",
+    "BatchContext": "units.context", "MessageContext": "units.context", "message_driven": "handlers.registry",
+    "Message": "message", "Producer": "sending.producer", "Settings": "settings", "load_settings": "settings",
 }
 
 

@@ -1,5 +1,5 @@
 """``python -m mdbcontainer`` is ``mdb``."""
 
-from .cli import main
+from .cli.main import main
 
 main()

@@ -111,6 +111,8 @@ class ContainerSettings(_Strict):
     ssl_ca: str | None = None
     ssl_cert: str | None = None
     ssl_key: str | None = None
+    # OpenTelemetry spans, set up from the OTEL_* variables (the otel extra; README "Tracing").
+    tracing: bool = False
 
     @field_validator("broker_url")
     @classmethod

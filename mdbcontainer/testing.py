@@ -18,14 +18,14 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-import kombu
-from amqp.exceptions import NotFound
 from sqlalchemy import inspect
 
-from .broker import Broker
-from .control import Control
 from .settings import Settings, load_settings
-from .store import Store, make_engine
+from .state.control import Control
+from .state.store import Store, make_engine
+from .wire.broker import Broker
+from .wire.delivery import Delivery
+from .wire.queues import QueueSession
 
 
 def dump_toml(data: dict[str, Any]) -> str:
@@ -229,54 +229,22 @@ class QueueProbe:
         self.settings = settings
         self.broker = Broker(settings)
 
-    def _channel_do(self, action: Callable[[Any], Any]) -> Any:
-        conn: kombu.Connection = self.broker.connect()
-        try:
-            return action(conn.channel())
-        finally:
-            conn.close()
-
     def exists(self, queue: str) -> bool:
         """Whether ``queue`` exists: to wait for a queue the container declares when it first sends."""
-
-        def act(channel: Any) -> bool:
-            try:
-                _existing(channel, queue)
-            except NotFound:
-                return False
-            return True
-
-        return bool(self._channel_do(act))
+        with QueueSession(self.broker) as queues:
+            return queues.exists(queue)
 
     def count(self, queue: str) -> int:
         """Messages ready on ``queue``."""
-        return int(self._channel_do(lambda channel: _existing(channel, queue).message_count))
+        with QueueSession(self.broker) as queues:
+            return queues.status(queue).messages
 
-    def take_all(self, queue: str, limit: int = 100_000) -> list[Any]:
+    def take_all(self, queue: str, limit: int = 100_000) -> list[Delivery]:
         """Consume and acknowledge every ready message of ``queue`` (for assertions at the end)."""
-
-        def act(channel: Any) -> list[Any]:
-            _existing(channel, queue)
-            out: list[Any] = []
-            while len(out) < limit:
-                message = channel.basic_get(queue=queue, no_ack=True)
-                if message is None:
-                    break
-                out.append(message)
-            return out
-
-        return list(self._channel_do(act))
+        with QueueSession(self.broker) as queues:
+            return queues.take(queue, limit)
 
     def purge(self, queue: str) -> None:
         """Drop every ready message of ``queue``."""
-
-        def act(channel: Any) -> None:
-            _existing(channel, queue)
-            channel.queue_purge(queue=queue)
-
-        self._channel_do(act)
-
-
-def _existing(channel: Any, queue: str) -> Any:
-    """The broker's queue.declare-ok for ``queue``; a passive declare, so a missing queue raises."""
-    return channel.queue_declare(queue=queue, passive=True)
+        with QueueSession(self.broker) as queues:
+            queues.purge(queue)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, create_engine, text
 
-from mdbcontainer.producer import Producer
+from mdbcontainer.sending.producer import Producer
 from mdbcontainer.settings import Settings, load_settings
 from mdbcontainer.testing import ContainerProcess, QueueProbe, write_settings
 
@@ -225,5 +225,13 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 def rabbit(tmp_path: Path) -> Any:
     """RabbitMQ + PostgreSQL only (crash tests that need broker delivery semantics)."""
     b = Backend("rabbitmq", tmp_path)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Any:
+    """The embedded broker and SQLite only (the in-process tests of tests/pipeline and tests/units)."""
+    b = Backend("embedded", tmp_path)
     yield b
     b.close()

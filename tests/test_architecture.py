@@ -1,5 +1,10 @@
 """The layering of docs/architecture.md holds in the code: the table there is read and checked.
 
+A module's layer is its folder: the table names the package's folders (``wire/``)
+and the few modules lying directly in ``mdbcontainer/`` (``errors``), each once,
+and every module inside a folder takes that folder's layer. Only ``wire/`` and
+``embedded/`` import kombu or amqp.
+
 Every import counts (module level, inside functions, under TYPE_CHECKING): a
 type-only import of a higher layer is still a circle a reader has to untangle.
 """
@@ -48,22 +53,36 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _layers() -> dict[str, int]:
-    """module -> layer number, from the table in docs/architecture.md."""
+    """folder or root module -> layer number, from the table in docs/architecture.md."""
     layers: dict[str, int] = {}
     for line in DOC.read_text().splitlines():
         match = re.match(r"\|\s*(\d+) [^|]*\|([^|]*)\|", line)
         if match:
-            for name in re.findall(r"`([a-z_]+)/?`", match.group(2)):
-                layers[f"mdbcontainer.{name}"] = int(match.group(1))
+            for name in re.findall(r"`([a-z_]+/?)`", match.group(2)):
+                assert name not in layers, f"{name} is in two rows of the layer table"
+                layers[name] = int(match.group(1))
     return layers
 
 
+def _tree() -> set[str]:
+    """The package's folders (``wire/``) and the modules lying directly in it (``errors``)."""
+    folders = {f"{d.name}/" for d in PACKAGE.iterdir() if (d / "__init__.py").is_file()}
+    modules = {f.stem for f in PACKAGE.glob("*.py") if f.name != "__init__.py"}
+    return folders | modules
+
+
 def _layer_of(module: str, layers: dict[str, int]) -> int | None:
-    while module:
-        if module in layers:
-            return layers[module]
-        module = module.rpartition(".")[0]
-    return None
+    """A module's layer is the layer of its folder (or its own row, directly in the package)."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return None
+    return layers.get(f"{parts[0]}/" if len(parts) > 1 or f"{parts[0]}/" in layers else parts[0])
+
+
+def test_the_layer_table_names_exactly_the_folders_and_the_root_modules() -> None:
+    table, tree = set(_layers()), _tree()
+    assert not tree - table, f"add these to the table of docs/architecture.md: {sorted(tree - table)}"
+    assert not table - tree, f"the table of docs/architecture.md names what is gone: {sorted(table - tree)}"
 
 
 def test_every_module_has_a_layer_in_the_architecture_doc() -> None:
@@ -112,4 +131,22 @@ def test_only_the_seam_and_the_acknowledgment_modes_settle_a_message() -> None:
     settling = re.compile(r"\.(ack|reject|requeue)\(")
     modules = sorted(_module(f) for f in PACKAGE.rglob("*.py")
                      if "embedded" not in f.parts and settling.search(f.read_text()))
-    assert modules == ["mdbcontainer.acknowledge", "mdbcontainer.delivery"]
+    assert modules == ["mdbcontainer.pipeline.acknowledge", "mdbcontainer.wire.delivery"]
+
+
+def test_only_the_wire_and_the_embedded_transport_touch_kombu() -> None:
+    """kombu and amqp stay behind the seam; the embedded broker's file is read only through it."""
+    kombu = re.compile(r"^\s*(from|import)\s+(kombu|amqp)\b", re.M)
+    seam = {"mdbcontainer.wire", "mdbcontainer.embedded"}
+    graph = _graph()
+    outside = [m for m in graph if m.split(".")[:2] and ".".join(m.split(".")[:2]) not in seam]
+    importers = [m for m in outside if kombu.search(_path(m).read_text())]
+    assert not importers, f"only wire/ and embedded/ may import kombu or amqp: {importers}"
+    readers = [m for m in outside if m != "mdbcontainer"
+               and any(t == "mdbcontainer.embedded" or t.startswith("mdbcontainer.embedded.") for t in graph[m])]
+    assert not readers, f"only wire/ may reach the embedded transport: {readers}"
+
+
+def _path(module: str) -> Path:
+    path = ROOT.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")

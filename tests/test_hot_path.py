@@ -14,9 +14,9 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from mdbcontainer import Message
-from mdbcontainer.delivery import Delivery, envelope
-from mdbcontainer.metrics import Metrics, Tally
-from tests.test_fuzz import RawMessage
+from mdbcontainer.state.metrics import Metrics, Tally
+from mdbcontainer.wire.delivery import Delivery, envelope
+from tests.behaviour.test_fuzz import RawMessage
 
 STAMP = 1764600000
 

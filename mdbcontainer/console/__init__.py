@@ -13,7 +13,7 @@ import uvicorn
 
 from ..errors import MdbError
 from ..settings import Settings
-from ..store import Store
+from ..state.store import Store
 from .app import build_app
 from .security import require_token, split_bind
 

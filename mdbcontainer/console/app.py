@@ -32,14 +32,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from .. import dlq
-from ..broker import describe
-from ..endpoints import STOPPED_BY_OPERATOR
 from ..errors import MdbError
-from ..history import History
-from ..logs import mask_secrets
+from ..operations import dlq
+from ..runtime.endpoints import STOPPED_BY_OPERATOR
 from ..settings import Settings, format_duration
-from ..store import Store
+from ..state.history import History
+from ..state.store import Store
+from ..support.failures import describe
+from ..support.logs import mask_secrets
 from .fleet import BUCKET, WINDOW, Chart, Fleet
 from .security import (
     CSRF_FIELD,

@@ -19,11 +19,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ..control import Control
-from ..logs import mask_secrets
-from ..operate import batch_figures
+from ..operations.ports import batch_figures
 from ..settings import Settings
-from ..store import Store
+from ..state.control import Control
+from ..state.store import Store
+from ..support.logs import mask_secrets
 
 WINDOW = 300.0  # seconds the chart covers
 BUCKET = 10.0  # seconds per bar of the chart

@@ -110,7 +110,7 @@ class MessageStore(RoutingStore):
         """Dead-letter the due messages of every queue with a TTL, consumed or not.
 
         RabbitMQ expires a TTL queue's messages with nobody consuming it, and a
-        redelivery wait queue (``mdbcontainer/delays.py``) never has a consumer:
+        redelivery wait queue (``mdbcontainer/wire/delays.py``) never has a consumer:
         its messages must go back to their queue when their wait is up. One
         indexed read when nothing is due; the move is one transaction.
         """

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _support import Walk, main
 from sqlalchemy import create_engine, text
 
-from mdbcontainer.operate import batch_figures
-from mdbcontainer.producer import Producer
+from mdbcontainer.operations.ports import batch_figures
+from mdbcontainer.sending.producer import Producer
 from mdbcontainer.testing import QueueProbe
 
 PORT = "OrdersPort"

@@ -1,4 +1,4 @@
-"""Seed 002's bean-managed MDB: it credits accounts, and each message exactly once.
+"""A bean-managed MDB: it credits accounts, and each message exactly once.
 
 The bean opens its own transaction with ``ctx.transaction()``; the container
 writes the dedup row ``(port, message id)`` inside it. The crash window the

@@ -1,11 +1,11 @@
-"""Seed 002, step by step: a bean-managed MDB that credits each transfer once and only once.
+"""Step by step: a bean-managed MDB that credits each transfer once and only once.
 
 Run it: ``python samples/bmt_once_only/run.py`` (``--keep`` keeps the scratch directory).
 
 1. Two transfers are credited; a producer's retry sends one of them again
    with the same message id: the dedup table skips it.
 2. A third transfer's transaction commits and then the process dies before
-   the broker hears the acknowledgment (the seed's crash window): the message
+   the broker hears the acknowledgment (the crash window the dedup table closes): the message
    is back on the queue.
 3. The restarted container finds the message's dedup row and acknowledges it
    without calling the bean: every account is credited exactly once.

@@ -1,4 +1,4 @@
-"""Seed 001 (5.1.6), step by step: durable and non-durable topic subscriptions.
+"""Step by step (README: JMS reliability mechanisms): durable and non-durable topic subscriptions.
 
 Run it: ``python samples/durable_subscription/run.py`` (``--keep`` keeps the scratch directory).
 

@@ -1,7 +1,7 @@
-"""The seed's MDB: it processes orders and rolls back anything else.
+"""The walkthrough's MDB: it processes orders and rolls back anything else.
 
 A body without an ``order`` is a poison message to this application (the
-seed's MDB expecting a TextMessage and getting another type). The MDB takes
+original JMS MDB expecting a TextMessage and getting another type). The MDB takes
 the article's option 1: ``set_rollback_only()``, so the message goes back to
 its queue as a failed delivery.
 """

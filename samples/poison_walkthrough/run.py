@@ -1,4 +1,4 @@
-"""Seed 000, step by step: a poison message, the listener port's Maximum retries, the backout queue.
+"""Step by step: a poison message, the listener port's Maximum retries, the backout queue.
 
 Run it: ``python samples/poison_walkthrough/run.py`` (``--keep`` keeps the scratch directory).
 

@@ -1,4 +1,4 @@
-"""Seed 001 (5.1.5), step by step: request/reply with a temporary reply queue.
+"""Step by step (README: JMS reliability mechanisms): request/reply with a temporary reply queue.
 
 Run it: ``python samples/request_reply/run.py`` (``--keep`` keeps the scratch directory).
 

@@ -1,8 +1,8 @@
-"""Port ``Deferred``: work the database rejects only at commit (seed 002's deferred DML).
+"""Port ``Deferred``: work the database rejects only at commit (deferred constraints).
 
 The handler adds an ORM object and returns; the INSERT is flushed when the
 container commits, so a unique-key violation surfaces after the handler
-returned, where the seed says CMT hides it from the application.
+returned, where container-managed transactions hide it from the application.
 """
 
 from sqlalchemy.orm import registry

@@ -1,4 +1,4 @@
-"""Port ``Jms``: seed 001's mechanisms; transaction and acknowledge mode come from the settings.
+"""Port ``Jms``: the README's JMS mechanisms; transaction and acknowledge mode come from the settings.
 
 The body chooses what the handler does: ``{"n": 1, "action": "ack"}``. Actions:
 ok, ack (ctx.acknowledge()), recover (ctx.recover(), first delivery only),

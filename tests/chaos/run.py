@@ -47,17 +47,17 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from mdbcontainer.delays import wait_queues
-from mdbcontainer.producer import Producer
+from mdbcontainer.sending.producer import Producer
 from mdbcontainer.settings import QueueSettings
-from mdbcontainer.store import Tables
+from mdbcontainer.state.store import Tables
 from mdbcontainer.testing import ContainerProcess, mdb, wait_for
+from mdbcontainer.wire.delays import wait_queues
 from tests.chaos import faults
 from tests.conftest import ROOT, Backend, reachable
 
 PORTS = ("Work", "Bean")
 # A SIGKILL counts one failed delivery against every message the killed process
-# held, prefetched ones included (contract section 4). Faults come a slot of
+# held, prefetched ones included (README: Guarantees). Faults come a slot of
 # progress apart, and what a killed process held comes first to the next one,
 # so a good message is rarely caught by more than one or two kills: 8 leaves 7
 # of margin before a good message would be backed out (and reported lost),
@@ -421,7 +421,7 @@ class ChaosRun:
         return failures
 
     def _verify_outage_lines(self) -> list[str]:
-        """Contract section 4: an outage is logged once, not once per message or consumer."""
+        """README, Guarantees: an outage is logged once, not once per message or consumer."""
         log = self.container.output()
         t = self.tally
         out = []

@@ -1,0 +1,1 @@
+"""The ``mdb`` command: parse, load settings, delegate, print."""

@@ -1,0 +1,1 @@
+"""Handlers: ``@message_driven``, finding handlers and calling them by their signatures."""

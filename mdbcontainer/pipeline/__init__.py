@@ -1,0 +1,1 @@
+"""How a delivery ends: the single and batch pipelines, acknowledgment modes, backout."""

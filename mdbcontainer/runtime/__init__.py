@@ -1,0 +1,1 @@
+"""The running container: listener ports, the container, its HTTP endpoints, the supervisor."""

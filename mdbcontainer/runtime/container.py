@@ -1,0 +1,443 @@
+"""The container: binds handlers to listener ports from the settings, runs and stops them.
+
+``Container(settings).run()`` is what ``mdb run`` does: import the listener
+modules, create the container's tables, start every port the fleet wants
+started, then poll the fleet's port switches, publish heartbeats, relay the
+outbox and purge old dedup rows until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tenacity
+from sqlalchemy import MetaData
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..errors import ListenerError, SettingsError
+from ..handlers.registry import HandlerSpec, Invoker, import_listeners
+from ..pipeline.resources import SharedResources
+from ..settings import PortSettings, Settings, validate_port
+from ..state.control import Wanted
+from ..state.metadata import create_missing, load_metadata
+from ..state.store import Store
+from ..support.failures import describe
+from ..support.logs import fields
+from ..support.retry import DEFAULT as RETRY
+from ..units.single import database_refused, is_infrastructure
+from ..wire.broker import Broker, Publisher
+from ..wire.delays import wait_queues
+from .endpoints import OperationsServer
+from .port import ListenerPort
+
+log = logging.getLogger("mdbcontainer.container")
+
+RELAY_EVERY = 5.0
+PURGE_EVERY = 3600.0
+SHUTDOWN = "container shutting down"
+
+
+def in_flight(port: ListenerPort) -> int:
+    """The deliveries of ``port`` running now (in a handler or finishing its unit of work)."""
+    return sum(c.delivering_since is not None for c in list(port.consumers))
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A handler bound to its port's effective settings (decorator defaults, then TOML)."""
+
+    name: str
+    spec: HandlerSpec
+    settings: PortSettings
+
+
+def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
+    """Import the listeners and pair each port with its handler; one-line errors otherwise."""
+    search = Path(settings.source).parent if settings.source.endswith(".toml") else None
+    try:
+        handlers = import_listeners(settings.container.listeners, search)
+    except ListenerError as exc:  # name the file that asked for the module
+        raise ListenerError(f"{settings.source}: container.listeners: {exc}") from exc
+    names = sorted(set(handlers) | set(settings.ports))
+    unknown = [n for n in only or [] if n not in names]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f". Did you mean {close[0]!r}?" if close else ""
+        raise ListenerError(
+            f"--port {unknown[0]!r}: no such port (ports: {', '.join(names) or 'none'}){hint}"
+        )
+    bindings = []
+    for name in names:
+        spec = handlers.get(name)
+        if spec is None:
+            raise ListenerError(
+                f"{settings.source}: ports.{name}: no handler: no @message_driven({name!r}) in "
+                f"the listener modules {settings.container.listeners}"
+                + misspelled(name, [h for h in handlers if h not in settings.ports], handlers)
+            )
+        Invoker.for_spec(spec)  # a handler the container cannot call fails here, not per delivery
+        merged = {**spec.defaults, **settings.port_overrides(name)}
+        if "destination" not in merged and "topic" not in merged:
+            raise ListenerError(
+                f"{spec.name}: port {name!r} has no destination: set [ports.{name}] destination "
+                f"in {settings.source} or @message_driven({name!r}, destination=...)"
+                + misspelled(name, [p for p in settings.ports if p not in handlers], handlers)
+            )
+        bindings.append(Binding(name, spec, validate_port(settings.source, name, merged, settings.overrides)))
+        _refuse_backout_loop(settings, name, bindings[-1].settings)
+        _refuse_bean_batch_without_list(settings, name, bindings[-1])
+    if not bindings:
+        raise ListenerError(f"{settings.source}: no ports: container.listeners registers no handler")
+    return [b for b in bindings if not only or b.name in only]
+
+
+def _refuse_bean_batch_without_list(settings: Settings, name: str, binding: Binding) -> None:
+    """BMT on a batched port: ``ctx.transaction()`` must cover the whole batch, so one call has it."""
+    port = binding.settings
+    if port.batch_size > 1 and port.transaction == "bean" and not binding.spec.batch:
+        raise SettingsError(
+            f"{settings.source}: ports.{name}.batch_size: transaction = 'bean' with batch_size > 1 "
+            f"needs a batch handler (@message_driven({name!r}, batch=True) taking a list); "
+            f"{binding.spec.name} takes one message"
+        )
+
+
+def misspelled(name: str, others: list[str], handlers: dict[str, HandlerSpec]) -> str:
+    """``. Did you mean ...?`` when a decorator's port name and a settings port differ by a typo."""
+    close = difflib.get_close_matches(name, others, n=1)
+    if not close:
+        return ""
+    decorated, configured = (close[0], name) if close[0] in handlers else (name, close[0])
+    return (f". Did you mean @message_driven({configured!r}) in {handlers[decorated].name}, "
+            f"which says {decorated!r}?")
+
+
+def _refuse_backout_loop(settings: Settings, name: str, port: PortSettings) -> None:
+    """A port reading its own backout queue would back a failing message out onto it for ever."""
+    queue = port.queue_name
+    if settings.queue(queue).backout_threshold and settings.backout_queue_for(queue) == queue:
+        raise SettingsError(
+            f"{settings.source}: ports.{name}: its queue {queue!r} is its own backout queue, so a "
+            f"failing message would be backed out onto it again and again: set [queues.\"{queue}\"] "
+            "backout_queue to another queue, or backout_threshold = 0"
+        )
+
+
+class Container:
+    """One container process: its ports, its heartbeat, its housekeeping."""
+
+    def __init__(self, settings: Settings, *, ports: list[str] | None = None) -> None:
+        self.settings = settings
+        self.bindings = bind(settings, ports)
+        self.metadata = load_metadata(settings)
+        self.broker = Broker(settings)
+        consumers = sum(b.settings.concurrency for b in self.bindings)
+        self.store = Store(settings.container, consumers=consumers)  # a connection per consumer
+        self.resources = SharedResources(settings, self.store, self.broker)
+        self._stop = threading.Event()
+        self._changed = threading.Event()  # a port changed state: write the heartbeat now
+        self.ports = {b.name: self._port(b) for b in self.bindings}
+        self._threads: list[threading.Thread] = []
+        self._generations: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}  # per port: messages waiting out a redelivery delay
+        self.endpoints: OperationsServer | None = None
+        for port in self.ports.values():
+            self._bind_metrics(port)
+
+    def _port(self, binding: Binding) -> ListenerPort:
+        queue = binding.settings.queue_name
+        return ListenerPort(
+            name=binding.name, settings=binding.settings, spec=binding.spec,
+            resources=self.resources, queue_settings=self.settings.queue(queue),
+            backout_queue=self.settings.backout_queue_for(queue), on_state_change=self._changed.set,
+        )
+
+    def _bind_metrics(self, port: ListenerPort) -> None:
+        """The port's gauges read the port at scrape time: nothing to update per delivery."""
+
+        def started() -> bool:
+            return port.state == "started"
+
+        def failures() -> int:
+            return port.consecutive_failures
+
+        self.resources.metrics.bind_port(port.name, started=started, failures=failures,
+                                         in_flight=lambda: in_flight(port),
+                                         tallies=lambda: list(port.tallies))
+
+    @property
+    def id(self) -> str:
+        return self.resources.control.id
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The container's own background threads (control, housekeeping), for /healthz."""
+        return list(self._threads)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Create tables, register with the fleet, start ports and the background loops."""
+        c = self.settings.container
+        if c.metrics_port:
+            self.endpoints = OperationsServer(self, c.metrics_host, c.metrics_port)
+            self.endpoints.start()
+        wanted = self._prepare_database()
+        for name, port in self.ports.items():
+            w = wanted.get(name)
+            self._generations[name] = w.generation if w else 0
+            if w is not None and w.state == "stopped":
+                port.reason = w.reason
+                log.warning("port %s stays stopped: %s (mdb port start %s)", name, w.reason, name)
+            elif port.settings.autostart:
+                port.start()
+        published = self._publish_state()  # mdb ports shows it from the moment it logs its start
+        self._spawn("mdb-control", lambda: self._control_loop(failing=not published))
+        self._spawn("mdb-housekeeping", self._housekeeping_loop)
+        log.info("container %s started: %d port(s) on %s", self.id, len(self.ports),
+                 self.broker.masked_url)
+
+    def _spawn(self, name: str, target: Any) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop consuming, let in-flight deliveries finish; True when all finished in time."""
+        limit = self.settings.container.shutdown_timeout.total_seconds() if timeout is None else timeout
+        self.resources.shutting_down = True
+        self._stop.set()
+        self._changed.set()
+        for port in self.ports.values():
+            port.stop(SHUTDOWN, logged=True)  # logged below, once its deliveries are done
+        deadline = time.monotonic() + limit
+        for port in self.ports.values():
+            busy = in_flight(port)
+            if busy:
+                log.info("port %s stopping: waiting for %d in-flight deliver%s", port.name, busy,
+                         "y" if busy == 1 else "ies", extra=fields(port=port.name, state="stopping"))
+        finished = True
+        for port in self.ports.values():
+            if port.join(max(0.0, deadline - time.monotonic())):
+                log.info("port %s stopped: %s", port.name, SHUTDOWN,
+                         extra=fields(port=port.name, state="stopped", reason=SHUTDOWN))
+            else:
+                finished = False  # warned about below, after the rest is closed
+        for thread in self._threads:
+            thread.join(1.0)
+        if self.endpoints is not None:
+            self.endpoints.stop()
+        try:
+            self.resources.counter.end_leases_of(self.id)
+            self.resources.control.deregister()
+        except Exception as exc:
+            log.warning("could not deregister container %s: %s", self.id, describe(exc))
+        if not finished:
+            log.warning("some deliveries did not finish within shutdown_timeout; "
+                        "they stay unacknowledged and will be redelivered")
+        return finished
+
+    def _prepare_database(self) -> dict[str, Wanted]:
+        """Create tables, register, read the port switches; a database that is away is waited for."""
+
+        def prepare() -> dict[str, Wanted]:
+            self.store.create_tables()
+            if self.metadata is not None:
+                self._create_application_tables(self.metadata)
+            self.resources.control.register()
+            return self.resources.control.wanted()
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("database unavailable at start (attempt %d): %s; retrying in %.1fs",
+                        state.attempt_number, describe(error), state.upcoming_sleep)
+
+        def outage(exc: BaseException) -> bool:  # a missing database or a wrong login is no outage
+            return is_infrastructure(exc) and not database_refused(exc)
+
+        retrying = RETRY.until_stopped(self._stop, retry=tenacity.retry_if_exception(outage),
+                                       before_sleep=before_sleep)
+        try:
+            wanted: dict[str, Wanted] = retrying(prepare)
+        except SQLAlchemyError as exc:
+            if database_refused(exc):
+                raise SettingsError(f"container.database_url: {describe(exc)}") from exc
+            raise
+        return wanted
+
+    def _create_application_tables(self, metadata: MetaData) -> None:
+        """``container.metadata``'s missing tables, and a log line that says which (or none)."""
+        created = create_missing(metadata, self.store.engine)
+        reference = self.settings.container.metadata
+        if created:
+            log.info("created %d table(s) of %s: %s", len(created), reference, ", ".join(created))
+        else:
+            log.info("all %d table(s) of %s exist; none created", len(metadata.tables), reference)
+
+    def request_stop(self) -> None:
+        """Stop as the first SIGTERM would (gracefully), without counting as a signal."""
+        self._stop.set()
+
+    def run(self, started: Callable[[], None] | None = None) -> int:
+        """Run until SIGTERM or SIGINT; a second signal exits at once (nothing was acknowledged early).
+
+        ``started`` is called once the container has started (its supervisor learns
+        that an exit from then on is a death to restart, not a refusal of its settings).
+        """
+        signals = {"count": 0}
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            signals["count"] += 1
+            if signals["count"] > 1:
+                log.warning("second signal: exiting now; unacknowledged messages will be redelivered")
+                os._exit(130)
+            log.info("signal %s: stopping (again to exit at once)", signal.Signals(signum).name)
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            self.start()
+        except Exception as exc:
+            if not (is_infrastructure(exc) and self._stop.is_set()):
+                raise
+            log.info("stopped before the database came up")
+            return 0
+        if started is not None:
+            started()
+        self._stop.wait()  # a signal sets it
+        self.stop()
+        log.info("container %s stopped", self.id)
+        return 0
+
+    # -- background loops ---------------------------------------------------
+
+    def _control_loop(self, failing: bool = False) -> None:
+        """Every ``control_interval``, and at once after a port changed state: switches, heartbeat.
+
+        ``failing``: the heartbeat at start saw the database away. This loop ends
+        only the outage it saw: a consumer ends its own.
+        """
+        interval = self.settings.container.control_interval.total_seconds()
+        while True:
+            self._changed.wait(interval)
+            self._changed.clear()
+            if self._stop.is_set():
+                return
+            for port in self.ports.values():
+                port.warn_stuck()
+            if not self._publish_state():
+                failing = True
+            elif failing:
+                failing = False
+                self.resources.recovered("database")
+
+    def _publish_state(self) -> bool:
+        """Apply the fleet's port switches and write the heartbeat; False while the database is away."""
+        try:
+            self.apply_wanted()
+            self.resources.control.heartbeat(self.port_rows())
+        except Exception as exc:
+            self.resources.outage("database", exc)
+            return False
+        return True
+
+    def apply_wanted(self) -> None:
+        """Start or stop ports as the fleet's switches say (a newer generation wins)."""
+        wanted = self.resources.control.wanted()
+        for name, port in self.ports.items():
+            if port.stopping:
+                port.join(0)
+            w = wanted.get(name)
+            if w is None or w.generation <= self._generations.get(name, 0):
+                continue
+            if w.state == "started" and (port.stopping or not port.consumers):
+                if not port.join(5.0):
+                    continue  # a consumer still finishes a delivery: start on a later poll
+                self._generations[name] = w.generation
+                log.info("port %s: start requested", name)
+                port.start()
+                continue
+            self._generations[name] = w.generation
+            if w.state == "stopped" and not port.stopping:
+                port.stop(w.reason or "stopped by mdb port stop")
+
+    def port_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for name, port in self.ports.items():
+            s = port.stats
+            rows.append({
+                "port": name, "destination": port.settings.destination or port.settings.topic,
+                "queue": port.queue,
+                "state": port.state, "reason": port.reason,
+                "consecutive_failures": s.consecutive_failures, "delivered": s.delivered,
+                "failed": s.failed, "backed_out": s.backed_out, "expired": s.expired,
+                "handled": s.handled, "duplicate_skipped": s.duplicate_skipped,
+                "invalid_body": s.invalid_body, "since": port.since.isoformat(),
+                "batch_size": port.settings.batch_size, "batches": s.batches,
+                "batched": s.batched, "fallbacks": s.fallbacks, "waiting": self._waiting.get(name, 0),
+                "stuck": [stuck.row() for stuck in port.stuck()],
+            })
+        return rows
+
+    def _housekeeping_loop(self) -> None:
+        publisher = Publisher(self.broker, heartbeat=True)
+        last_purge = time.monotonic() - PURGE_EVERY + 60.0
+        try:
+            while not self._stop.wait(RELAY_EVERY):
+                self._relay(publisher)
+                self._measure_outbox()
+                self._measure_waiting(publisher)
+                if time.monotonic() - last_purge >= PURGE_EVERY:
+                    last_purge = time.monotonic()
+                    self.purge()
+        finally:
+            publisher.close()
+
+    def _relay(self, publisher: Publisher) -> None:
+        try:
+            self.resources.outbox.relay(publisher)
+        except Exception as exc:
+            publisher.close()
+            log.warning("outbox relay will retry: %s", describe(exc))
+
+    def _measure_outbox(self) -> None:
+        """The outbox backlog gauge: one count query per relay round, never per message."""
+        try:
+            self.resources.metrics.outbox_backlog.set(self.resources.outbox.backlog())
+        except Exception as exc:
+            log.debug("outbox backlog not measured: %s", describe(exc))
+
+    def _measure_waiting(self, publisher: Publisher) -> None:
+        """Messages of each port's queue waiting out a redelivery delay: its wait queues' depth."""
+        for name, port in self.ports.items():
+            waits = wait_queues(port.queue, port.queue_settings)
+            if not waits:
+                continue
+            try:
+                self._waiting[name] = sum(publisher.depth(queue) or 0 for queue in waits)
+                self.resources.metrics.waiting.labels(port=name).set(self._waiting[name])
+            except Exception as exc:
+                publisher.close()
+                log.debug("waiting messages of port %s not measured: %s", name, describe(exc))
+                return
+
+    def purge(self) -> int:
+        try:
+            removed = self.resources.dedup.purge(self.settings.container.dedup_retention)
+        except Exception as exc:
+            log.warning("dedup purge will retry: %s", describe(exc))
+            return 0
+        if removed:
+            self.resources.metrics.dedup_purged.inc(removed)
+            log.info("dedup purge removed %d row(s) past retention", removed)
+        return removed

@@ -1,0 +1,1 @@
+"""Sending from outside a handler: ``Producer`` and request/reply."""

@@ -1,0 +1,1 @@
+"""Units of work for one delivery and for a batch, and the contexts handlers receive."""

@@ -1,0 +1,1 @@
+"""The wire: the one seam over kombu (connections, publish, subscription, delivery, heartbeats)."""

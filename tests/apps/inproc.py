@@ -1,0 +1,33 @@
+"""Port ``InProc``: a handler for tests that run the container in their own process.
+
+Those tests (tests/pipeline, tests/units) start ``Container`` in the test
+process, so the handler takes its script from this module and reports here:
+``FAIL_FIRST[message_id]`` is how many deliveries of that message fail before
+one works, and each attempt is appended to ``ATTEMPTS`` as (message id,
+redelivery count the handler saw). Its work is a row in ``common.effects``,
+written in the unit of work's session (none when the port has no transaction).
+"""
+
+from __future__ import annotations
+
+from mdbcontainer import Message, MessageContext, TransactionError, message_driven
+
+from .common import effects
+
+FAIL_FIRST: dict[str, int] = {}
+ATTEMPTS: list[tuple[str, int]] = []
+
+
+@message_driven("InProc")
+def handle(message: Message, ctx: MessageContext) -> None:
+    ATTEMPTS.append((message.id, message.redelivery_count))
+    try:
+        session = ctx.session
+    except TransactionError:
+        session = None
+    if session is not None:
+        session.execute(effects.insert().values(port="InProc", message_id=message.id))
+    left = FAIL_FIRST.get(message.id, 0)
+    if left:
+        FAIL_FIRST[message.id] = left - 1
+        raise RuntimeError(f"scripted failure of {message.id} after its work")
