@@ -11,7 +11,9 @@ Hooks, off unless their variable is set (the timed runs leave them off):
   trace to a file in DIR, from which the harness counts round trips
   (``ReadyForQuery``) and statements per message;
 - ``BENCH_PROFILE=FILE``: cProfile of the consumer thread from the first
-  message to the N-th, dumped to FILE (pstats format).
+  message to the N-th, dumped to FILE (pstats format). Its clock is the
+  thread's CPU time, so time the thread spent waiting for a core on a
+  loaded machine (or blocked in a socket) is not charged to a function.
 
 The harness reads the traces with :func:`trace_sizes` and :func:`count_trace`.
 """
@@ -77,7 +79,7 @@ class Clock:
     def start(self) -> None:
         self.first, self.first_cpu = time.perf_counter(), time.thread_time()
         if self.profile_path:
-            self.profiler = cProfile.Profile()
+            self.profiler = cProfile.Profile(time.thread_time)
             self.profiler.enable()
 
     def tick(self, handled: int = 1) -> None:

@@ -172,18 +172,28 @@ class Running:
     """
 
     since: float | None = None  # monotonic clock; None between calls
-    message_ids: tuple[str, ...] = ()
     warned: bool = False
+    _ctx: Any = field(default=None, repr=False)
 
-    def enter(self, ctx: Any) -> None:
+    @property
+    def message_ids(self) -> tuple[str, ...]:
+        """The ids of the call's message(s): worked out when a reader asks, not on every call."""
+        ctx = self._ctx
         message = getattr(ctx, "message", None)
         messages = getattr(ctx, "messages", None) or ([message] if message is not None else [])
-        self.message_ids = tuple(str(m.id) for m in messages)
+        return tuple(str(m.id) for m in messages)
+
+    def enter(self, ctx: Any) -> None:
+        self._ctx = ctx
         self.warned = False
         self.since = time.monotonic()
 
     def leave(self) -> None:
         self.since = None
+
+    def mirror(self, other: Running) -> None:
+        """Show ``other``'s call (an async consumer shows the oldest of its tasks' calls)."""
+        self._ctx, self.since, self.warned = other._ctx, other.since, False
 
     def seconds(self, now: float) -> float | None:
         """How long the call in progress has run; None between calls."""
@@ -207,6 +217,9 @@ class Invoker:
     running: Running = field(default_factory=Running)
     _bean: Any = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        self._function = None if self.spec.is_bean else self.spec.target  # looked up once
+
     @classmethod
     def for_spec(cls, spec: HandlerSpec) -> Invoker:
         """The invoker of ``spec``; ListenerError when the container could not call the handler."""
@@ -229,17 +242,21 @@ class Invoker:
         return validate_body(self.adapter, message.body)
 
     def __call__(self, argument: Any, ctx: Any) -> None:
-        self.running.enter(ctx)
+        running = self.running
+        running.enter(ctx)
         try:
-            self._call(argument, ctx)
+            function = self._function
+            if function is None:
+                self._call_bean(argument, ctx)
+            elif self.takes_context:
+                function(argument, ctx)
+            else:
+                function(argument)
         finally:
-            self.running.leave()
+            running.since = None  # Running.leave(), without the call
 
-    def _call(self, argument: Any, ctx: Any) -> None:
+    def _call_bean(self, argument: Any, ctx: Any) -> None:
         args = (argument, ctx) if self.takes_context else (argument,)
-        if not self.spec.is_bean:
-            self.spec.target(*args)
-            return
         bean = self._instance()
         try:
             bean.on_message(*args)

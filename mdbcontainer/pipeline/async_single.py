@@ -214,7 +214,7 @@ class AsyncPipeline(Pipeline):
         if oldest is None:
             shown.since, self._shown = None, None
         elif oldest is not self._shown or shown.since != oldest.since:
-            shown.since, shown.message_ids, shown.warned = oldest.since, oldest.message_ids, False
+            shown.mirror(oldest)
             self._shown = oldest
 
     async def _drive(self, sub: Subscription, should_run: Callable[[], bool]) -> None:

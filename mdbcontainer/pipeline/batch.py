@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import PublishError
 from ..message import Message
@@ -46,14 +46,6 @@ from .single import _GAVE_UP, ConsumerView, Pipeline, PortView
 log = logging.getLogger("mdbcontainer.batching")
 
 
-class BatchPortView(PortView, Protocol):
-    """A batched port also keeps batch figures (met by ``port.ListenerPort``)."""
-
-    def record_batch(self, size: int) -> None: ...
-
-    def record_fallback(self) -> None: ...
-
-
 @dataclass
 class _Gathered:
     delivery: Delivery
@@ -64,9 +56,8 @@ class _Gathered:
 class BatchPipeline(Pipeline):
     """The pipeline of a batched port (``batch_size > 1``, or a ``batch=True`` handler)."""
 
-    def __init__(self, port: BatchPortView, consumer: ConsumerView) -> None:
+    def __init__(self, port: PortView, consumer: ConsumerView) -> None:
         super().__init__(port, consumer)
-        self.batch_port = port
         self.size = self.settings.batch_size
         self.linger = self.settings.batch_linger.total_seconds()
         self.runner = BatchRunner(port.name, self.resources.units, self.invoker,
@@ -93,9 +84,13 @@ class BatchPipeline(Pipeline):
             return idle
         return max(0.0, min(idle, self._first_at + self.linger - time.monotonic()))
 
+    def due(self) -> bool:
+        """The first delivery of the batch being gathered has lingered long enough."""
+        return bool(self._gathered) and time.monotonic() - self._first_at >= self.linger
+
     def tick(self) -> None:
         """Between deliveries: run the batch whose first delivery has lingered long enough."""
-        if self._gathered and time.monotonic() - self._first_at >= self.linger:
+        if self.due():
             self.flush()
 
     def hand_back_gathered(self) -> None:
@@ -126,8 +121,7 @@ class BatchPipeline(Pipeline):
                 for item in batch:
                     self.acks.hand_back(item.delivery, item.message.id)
                 return
-            self.resources.metrics.batch(self.port.name, len(batch))
-            self.batch_port.record_batch(len(batch))
+            self.tally.sizes.observe(len(batch))
             if len(batch) == 1:  # alone already: the per-message path, exactly
                 self._alone(batch[0])
             else:
@@ -162,7 +156,7 @@ class BatchPipeline(Pipeline):
             for item in batch:
                 self.acks.hand_back(item.delivery, item.message.id)
             return
-        self.port.observe(time.perf_counter() - started)
+        self.tally.handler.observe(time.perf_counter() - started)
         if outcome.kind in ("failed", "conflict"):
             self._fall_back(batch, outcome)
         else:
@@ -175,8 +169,7 @@ class BatchPipeline(Pipeline):
 
     def _fall_back(self, batch: list[_Gathered], outcome: BatchOutcome) -> None:
         """Roll back (done), count nothing, and run each message alone in its own unit of work."""
-        self.batch_port.record_fallback()
-        self.resources.metrics.batch_fallback(self.port.name)
+        self.tally.fallbacks += 1
         if outcome.kind == "failed":
             self.tracing.failed(outcome.error)
             log.warning("port %s: a batch of %d rolled back (%s); running each message alone",
@@ -240,12 +233,14 @@ class BatchPipeline(Pipeline):
         handled = [batch[i] for i in outcome.handled if i not in failed]
         self.acks.settle_many([item.delivery for item in handled])
         crash_point("after-ack")
-        for _ in duplicates:
-            self.port.record("duplicate_skipped")
-        metrics = self.resources.metrics
+        tally = self.tally
+        tally.outcomes["duplicate_skipped"] += len(duplicates)
+        tally.outcomes["handled"] += len(handled)
+        for kind, items in (("duplicate_skipped", duplicates), ("handled", handled)):
+            if items:  # the batch span's mdb.outcome, as counting them one by one set it
+                self._outcomes.outcome(kind)
         for item in handled:
-            self.port.record("handled")
-            metrics.end_to_end(self.port.name, item.delivery.timestamp)
+            tally.end_to_end(item.delivery.timestamp)
         if handled:
             self.port.after_success()
         if log.isEnabledFor(logging.DEBUG):
@@ -281,7 +276,7 @@ class AsyncBatchPipeline(BatchPipeline):
     """A batched port with an async handler: the batch path as it is, its units of work awaited
     on the consumer's own event loop (one batch at a time; see docs/architecture.md)."""
 
-    def __init__(self, port: BatchPortView, consumer: ConsumerView) -> None:
+    def __init__(self, port: PortView, consumer: ConsumerView) -> None:
         super().__init__(port, consumer)
         self.loop = asyncio.new_event_loop()
         self.async_unit = async_unit_class(self.settings.transaction, self.settings.transaction_attribute)
@@ -310,7 +305,7 @@ class AsyncBatchPipeline(BatchPipeline):
         self.loop.close()
 
 
-def pipeline_for(port: BatchPortView, consumer: ConsumerView) -> Pipeline:
+def pipeline_for(port: PortView, consumer: ConsumerView) -> Pipeline:
     """The per-message pipeline, or the batch pipeline of a batched port."""
     if (port.settings.batch_size > 1 or port.spec.batch) and port.spec.is_async:
         return AsyncBatchPipeline(port, consumer)

@@ -32,6 +32,7 @@ from ..errors import PublishError
 from ..handlers.registry import HandlerSpec, Invoker, Running
 from ..message import InvalidBody, Message, accepted, body_hash_id
 from ..settings import PortSettings, QueueSettings
+from ..state.metrics import Tally
 from ..support.crash import crash_point
 from ..support.failures import describe, exception_text
 from ..support.logs import fields
@@ -56,6 +57,10 @@ T = TypeVar("T")
 Decision = Literal["stop", "continue"]
 
 
+def _infrastructure(outcome: Outcome) -> bool:
+    return outcome.kind == "infrastructure"
+
+
 class PortView(Protocol):
     """What the pipeline needs of its listener port (met by ``port.ListenerPort``)."""
 
@@ -70,10 +75,6 @@ class PortView(Protocol):
 
     @property
     def stopping(self) -> bool: ...
-
-    def record(self, outcome: str) -> None: ...
-
-    def observe(self, seconds: float) -> None: ...
 
     def after_success(self) -> None: ...
 
@@ -90,6 +91,7 @@ class ConsumerView(Protocol):
 
     acks: Acknowledger
     running: Running  # the handler call in progress (an async port shows its oldest)
+    tally: Tally  # the consumer's counts; only its own thread writes them
     handing_back: bool
     delivering_since: float | None
     alive_at: float
@@ -107,6 +109,8 @@ class Pipeline:
         self.port = port
         self.consumer = consumer
         self.acks = consumer.acks
+        self.tally = consumer.tally
+        self.stop_event = port.stop_event
         self.settings = port.settings
         self.queue = port.queue
         self.resources = port.resources
@@ -122,6 +126,7 @@ class Pipeline:
         self._started = time.monotonic()  # of the current delivery, for its log lines
         self._argument: Any = None
         self.tracing = port.resources.broker.tracing.for_port(port.name, port.settings.topic or port.queue)
+        self._outcomes = port.resources.broker.tracing  # the current span's mdb.outcome
         self._span: Active = NOTHING  # the current delivery's (tracing.py)
 
     # -- the pipeline ------------------------------------------------------
@@ -132,7 +137,7 @@ class Pipeline:
         consumer.delivering_since = self._started = time.monotonic()
         self._span = self.tracing.process(delivery)
         try:
-            if self._through_outages(lambda: self._process(delivery)) is _GAVE_UP:
+            if self._through_outages(self._process, delivery) is _GAVE_UP:
                 self.acks.hand_back(delivery, delivery.message_id)
         except connection_errors():
             raise  # the broker is gone: the consumer reconnects; the broker requeues
@@ -149,8 +154,12 @@ class Pipeline:
         """How long the consumer may block waiting for the next delivery."""
         return idle
 
+    def due(self) -> bool:
+        """Whether :meth:`tick` has work now (the consumer asks between deliveries, cheaply)."""
+        return False
+
     def tick(self) -> None:
-        """Called between deliveries (a batch whose linger is up runs here)."""
+        """Called between deliveries when :meth:`due` (a batch whose linger is up runs here)."""
 
     def hand_back_gathered(self) -> None:
         """Graceful stop: hand back what was received but not started."""
@@ -162,17 +171,19 @@ class Pipeline:
         """The consumer ends: tear down its bean instance."""
         self.invoker.discard()
 
-    def _through_outages(self, call: Callable[[], T], failed: Callable[[T], bool] | None = None) -> Any:
-        """Run ``call``, holding the delivery while the database is away (returns ``_GAVE_UP``
-        when the port stops meanwhile). The first try is outside tenacity: the hot path."""
+    def _through_outages(self, call: Callable[..., T], *args: Any,
+                         failed: Callable[[T], bool] | None = None) -> Any:
+        """Run ``call(*args)``, holding the delivery while the database is away (returns
+        ``_GAVE_UP`` when the port stops meanwhile). The first try is outside tenacity, and
+        makes no closure: the hot path."""
         try:
-            result = call()
+            result = call(*args)
         except Exception as exc:
             if not is_infrastructure(exc):
                 raise
-            return self._wait_out(call, failed, exc)
+            return self._wait_out(lambda: call(*args), failed, exc)
         if failed is not None and failed(result):
-            return self._wait_out(call, failed, getattr(result, "error", None))
+            return self._wait_out(lambda: call(*args), failed, getattr(result, "error", None))
         return result
 
     def _wait_out(self, call: Callable[[], T], failed: Callable[[T], bool] | None,
@@ -210,7 +221,7 @@ class Pipeline:
         The async pipeline (``pipeline/async_single.py``) runs these same steps before its task awaits
         the unit of work.
         """
-        if self.consumer.handing_back or self.port.stopping:
+        if self.consumer.handing_back or self.stop_event.is_set():
             self.acks.hand_back(delivery, delivery.message_id)
             return None
         if self._expired(delivery):
@@ -230,14 +241,15 @@ class Pipeline:
 
     def _expired(self, delivery: Delivery) -> bool:
         # The AMQP timestamp has whole seconds: allow one, so nothing expires early.
-        if not delivery.expired(_TIMESTAMP_GRAIN):
+        expires_at = delivery.expires_at()
+        if expires_at is None or expires_at + _TIMESTAMP_GRAIN > datetime.now(UTC):
             return False
         expiry_queue = self.port.queue_settings.expiry_queue
         if expiry_queue:
             self.consumer.publish(
                 delivery.copy_to(expiry_queue, {"x-mdb-expired-at": datetime.now(UTC).isoformat()}))
         self.acks.discard(delivery)
-        self.port.record("expired")
+        self._record("expired")
         return True
 
     def _identify(self, delivery: Delivery) -> str | None:
@@ -255,7 +267,7 @@ class Pipeline:
             return 0, None
         if self.once_only and self.resources.dedup.seen(self.port.name, message_id):
             self.acks.discard(delivery)
-            self.port.record("duplicate_skipped")
+            self._record("duplicate_skipped")
             self._log(logging.INFO, "duplicate_skipped", message_id, None, "already handled, not again")
             return None, None
         if self._stale(delivery, message_id):
@@ -269,7 +281,7 @@ class Pipeline:
         if left is None or self.resources.counter.failures(self.queue, message_id) <= left:
             return False
         self.acks.discard(delivery)
-        self.port.record("duplicate_skipped")
+        self._record("duplicate_skipped")
         self._log(logging.INFO, "duplicate_skipped", message_id, left,
                   "a stale copy back from its redelivery delay (the message failed again since)")
         return True
@@ -278,7 +290,8 @@ class Pipeline:
         try:
             message = envelope(delivery, message_id, count, self.accept,
                                self.settings.max_message_bytes, self.queue)
-            self._argument = self.invoker.argument(message)
+            invoker = self.invoker
+            self._argument = message if invoker.adapter is None else invoker.argument(message)
         except InvalidBody as exc:
             self._back_out(delivery, REASON_INVALID, count, f"InvalidBody: {exc}", outcome="invalid_body")
             return None
@@ -287,8 +300,7 @@ class Pipeline:
     def _deliver(self, delivery: Delivery, message: Message) -> None:
         started = time.perf_counter()
         crash_point("before-handler")
-        outcome = self._through_outages(lambda: self._run(delivery, message),
-                                        failed=lambda o: o.kind == "infrastructure")
+        outcome = self._through_outages(self._run, delivery, message, failed=_infrastructure)
         self._conclude(delivery, message, outcome, started)
 
     def _conclude(self, delivery: Delivery, message: Message, outcome: Any, started: float) -> None:
@@ -296,7 +308,7 @@ class Pipeline:
         if outcome is _GAVE_UP:
             self.acks.hand_back(delivery, message.id)
             return
-        self.port.observe(time.perf_counter() - started)
+        self.tally.handler.observe(time.perf_counter() - started)
         if outcome.kind == "failed":
             self._failed(delivery, message, outcome)
         else:
@@ -309,9 +321,7 @@ class Pipeline:
             move_copy=lambda queue, reason: self.backout.copy(delivery, queue, reason, 0, None),
             client_ack=self.acks.begin(delivery, message.id),
         )
-        ctx = MessageContext(message, self.port.name, unit)
-        argument = self._argument
-        return unit.run(lambda: self.invoker(argument, ctx))
+        return unit.run(self.invoker, self._argument, MessageContext(message, self.port.name, unit))
 
     # -- outcomes ----------------------------------------------------------
 
@@ -330,14 +340,15 @@ class Pipeline:
             return
         self.acks.settle(delivery)  # now, or later: the port's acknowledge mode
         crash_point("after-ack")
-        self.port.record("handled" if outcome.kind == "handled" else "duplicate_skipped")
         if outcome.kind != "handled":
+            self._record("duplicate_skipped")
             self._log(logging.INFO, "duplicate_skipped", message.id, None, "already handled, not again")
-        if outcome.kind == "handled":
-            self.port.after_success()
-            self.resources.metrics.end_to_end(self.port.name, delivery.timestamp)
-            if log.isEnabledFor(logging.DEBUG):  # per successful message only when asked
-                self._log(logging.DEBUG, "handled", message.id, None, "")
+            return
+        self._record("handled")
+        self.port.after_success()
+        self.tally.end_to_end(delivery.timestamp)
+        if log.isEnabledFor(logging.DEBUG):  # per successful message only when asked
+            self._log(logging.DEBUG, "handled", message.id, None, "")
 
     def _failed(self, delivery: Delivery, message: Message, outcome: Outcome) -> None:
         assert outcome.error is not None
@@ -349,14 +360,14 @@ class Pipeline:
         self._log(logging.WARNING, "failed", message.id, message.redelivery_count,
                   describe(outcome.error))
         # Counted before the requeue; while the database is away the count (and the message) waits.
-        counted = self._through_outages(lambda: self.resources.counter.fail(self.queue, message.id, text))
+        counted = self._through_outages(self.resources.counter.fail, self.queue, message.id, text)
         if counted is _GAVE_UP:  # the port stopped meanwhile: back uncounted, as a hand-back
             self.acks.hand_back(delivery, message.id)
             return
         # The recorded count, not this delivery's plus one: another copy may have failed while it
         # ran, and a copy that left to wait with fewer failures than recorded is taken for stale.
         count = max(message.redelivery_count + 1, int(counted))
-        self.port.record("failed")
+        self._record("failed")
         decision = self.port.after_failure()
         if decision == "stop":
             self.acks.failed(delivery)
@@ -371,7 +382,7 @@ class Pipeline:
         """A failure after the handler acknowledged: counted, but the message cannot go back."""
         log.warning("port %s: delivery failed after ctx.acknowledge(): message %s stays consumed: %s",
                     self.port.name, message.id, describe(error))
-        self.port.record("failed")
+        self._record("failed")
         if self.port.after_failure() == "stop":
             self.port.stop_for_failures(message.id, error)
 
@@ -388,12 +399,22 @@ class Pipeline:
         ``invalid_body`` only, not also as ``backed_out``.
         """
         self.backout.move(delivery, reason, count, exception)
-        self.port.record(outcome)
+        self._record(outcome)
         self._log(logging.WARNING, outcome, delivery.message_id, count,
                   f"moved to {self.port.backout_queue} ({reason})")
 
+    def _record(self, outcome: str) -> None:
+        """Count the delivery's outcome in the consumer's tally, and tell its trace span."""
+        self._outcomes.outcome(outcome)
+        self.tally.outcomes[outcome] += 1
+
     def _log(self, level: int, outcome: str, message_id: Any, count: int | None, detail: str) -> None:
-        """One line per failed or backed-out delivery: its facts in the text and as fields."""
+        """One line per failed or backed-out delivery: its facts in the text and as fields.
+
+        Nothing is formatted for a level that is off (a storm of skipped duplicates at INFO
+        with the level at WARNING costs one check each)."""
+        if not log.isEnabledFor(level):
+            return
         duration = time.monotonic() - self._started
         label = {"failed": "delivery failed", "backed_out": "backed out",
                  "invalid_body": "invalid body, backed out"}.get(outcome, outcome)

@@ -198,10 +198,11 @@ class Container:
             return port.state == "started"
 
         def failures() -> int:
-            return port.stats.consecutive_failures
+            return port.consecutive_failures
 
         self.resources.metrics.bind_port(port.name, started=started, failures=failures,
-                                         in_flight=lambda: in_flight(port))
+                                         in_flight=lambda: in_flight(port),
+                                         tallies=lambda: list(port.tallies))
 
     @property
     def id(self) -> str:

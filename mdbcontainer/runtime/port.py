@@ -34,6 +34,7 @@ from ..pipeline.single import Decision, Pipeline
 from ..sending.replies import mark_consumer_thread
 from ..settings import PortSettings, QueueSettings
 from ..state.counts import DeliveryCounter
+from ..state.metrics import Tally
 from ..support.failures import describe
 from ..support.logs import fields
 from ..support.outgoing import Outgoing
@@ -46,6 +47,8 @@ log = logging.getLogger("mdbcontainer.port")
 
 @dataclass
 class PortStats:
+    """A port's figures as ``mdb ports`` shows them: its consumers' tallies added up when read."""
+
     delivered: int = 0
     handled: int = 0
     failed: int = 0
@@ -93,7 +96,6 @@ class ListenerPort:
     state: str = "stopped"
     reason: str = ""
     since: datetime = field(default_factory=lambda: datetime.now(UTC))
-    stats: PortStats = field(default_factory=PortStats)
     consumers: list[PortConsumer] = field(default_factory=list)
     policy: RetryPolicy = RETRY
     # Called after every state change, so the container writes its heartbeat at once and
@@ -101,7 +103,11 @@ class ListenerPort:
     on_state_change: Callable[[], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # consecutive failures: counted across the consumers
+        self.consecutive_failures = 0
+        # One tally per consumer index, kept across restarts of the port: a consumer's thread
+        # is its only writer (a restarted port's consumer starts after the old one ended).
+        self.tallies: list[Tally] = []
         # Stopping and the state it shows change together: a consumer that connects just as
         # the control thread stops the port must not turn it back to ``started``.
         self._state_lock = threading.Lock()
@@ -127,7 +133,7 @@ class ListenerPort:
             return
         self.stop_event.clear()
         with self._lock:
-            self.stats.consecutive_failures = 0
+            self.consecutive_failures = 0
         with self._state_lock:
             self._set_state("starting", "")
         # An async handler's port: one consumer, its event loop running ``concurrency`` tasks.
@@ -160,6 +166,26 @@ class ListenerPort:
     @property
     def stopping(self) -> bool:
         return self.stop_event.is_set()
+
+    def tally_for(self, index: int) -> Tally:
+        """The tally consumer ``index`` writes (the same one after a restart of the port)."""
+        while len(self.tallies) <= index:
+            self.tallies.append(Tally())
+        return self.tallies[index]
+
+    @property
+    def stats(self) -> PortStats:
+        """The figures of ``mdb ports``, added up from the consumers' tallies now."""
+        tallies = list(self.tallies)
+        counted = {o: sum(t.outcomes[o] for t in tallies) for o in tallies[0].outcomes} if tallies else {}
+        return PortStats(
+            delivered=sum(n for o, n in counted.items() if o != "expired"),
+            consecutive_failures=self.consecutive_failures,
+            batches=sum(t.sizes.count for t in tallies),
+            batched=int(sum(t.sizes.sum for t in tallies)),
+            fallbacks=sum(t.fallbacks for t in tallies),
+            **counted,
+        )
 
     @property
     def batched(self) -> bool:
@@ -231,38 +257,19 @@ class ListenerPort:
 
     # -- Maximum retries ---------------------------------------------------
 
-    def record(self, outcome: str) -> None:
-        self.resources.broker.tracing.outcome(outcome)
-        with self._lock:
-            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
-            self.stats.delivered += outcome != "expired"
-        self.resources.metrics.delivery(self.name, outcome)
-
-    def record_batch(self, size: int) -> None:
-        with self._lock:
-            self.stats.batches += 1
-            self.stats.batched += size
-
-    def record_fallback(self) -> None:
-        with self._lock:
-            self.stats.fallbacks += 1
-
-    def observe(self, seconds: float) -> None:
-        self.resources.metrics.handler_time(self.name, seconds)
-
     def after_success(self) -> None:
-        if self.stats.consecutive_failures:
+        if self.consecutive_failures:  # the lock only when there is something to reset
             with self._lock:
-                self.stats.consecutive_failures = 0
+                self.consecutive_failures = 0
 
     def after_backout(self) -> None:
         with self._lock:
-            self.stats.consecutive_failures = 0
+            self.consecutive_failures = 0
 
     def after_failure(self) -> Decision:
         with self._lock:
-            self.stats.consecutive_failures += 1
-            over = self.stats.consecutive_failures > self.settings.max_retries
+            self.consecutive_failures += 1
+            over = self.consecutive_failures > self.settings.max_retries
         return "stop" if over else "continue"
 
     def stop_for_failures(self, message_id: str, error: BaseException, *, internal: bool = False,
@@ -282,7 +289,7 @@ class ListenerPort:
             return f"container error on message {message_id}: {describe(error)}"
         return (
             f"maximum retries ({self.settings.max_retries}) exceeded: "
-            f"{self.stats.consecutive_failures} consecutive failed deliveries, last message "
+            f"{self.consecutive_failures} consecutive failed deliveries, last message "
             f"{message_id}: {describe(error)}"
         )
 
@@ -298,6 +305,7 @@ class PortConsumer:
         self._publisher: Publisher | None = None
         self._lease: str | None = None  # this connection's row in the lease table (counts.py)
         self.acks = acknowledger_for(port)
+        self.tally = port.tally_for(index)  # this thread's counts, read by /metrics and mdb ports
         self.thread = threading.Thread(
             target=self._run, name=f"mdb-{port.name}-{index}", daemon=True
         )
@@ -421,12 +429,14 @@ class PortConsumer:
         self._set_consuming(True)
         if isinstance(pipeline, AsyncPipeline):  # its event loop reads the connection (and stops)
             pipeline.drive(sub, self._should_run)
-        while self._should_run():
+        stop, resources = self.port.stop_event, self.port.resources  # _should_run, once a delivery
+        while not stop.is_set() and not resources.shutting_down:
             self.alive_at = time.monotonic()
             sub.drain(pipeline.wait_limit(0.5))
-            with sub.between_reads():  # a lingered batch may run longer than two heartbeats
-                pipeline.tick()
-                self.acks.tick()
+            if pipeline.due():  # a lingered batch may run longer than two heartbeats
+                with sub.between_reads():
+                    pipeline.tick()
+            self.acks.tick()
         pipeline.hand_back_gathered()
         self._hand_back_all(sub)
 

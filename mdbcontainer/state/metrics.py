@@ -3,47 +3,136 @@
 A registry per container keeps tests and embedding applications that build
 several containers in one process from colliding on metric names.
 
-The hot path pays for a dictionary lookup and an increment: label children are
-cached, and the gauges that describe a port's state (started, consecutive
-failures, in-flight deliveries) are read from the port when Prometheus
-scrapes, so a delivery never writes them.
+A delivery writes no Prometheus object and takes no lock: each consumer
+counts its outcomes and timings in its own :class:`Tally` (plain integers and
+bucket counts, written by the consumer's thread only), and the registry's
+collector adds the tallies of every port when Prometheus scrapes, as it reads
+the gauges that describe a port's state (started, consecutive failures,
+in-flight deliveries) from the port itself.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from ..message import from_epoch
 
 OUTCOMES = ("handled", "failed", "backed_out", "duplicate_skipped", "expired", "invalid_body")
+HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400)
 
 
+class Buckets:
+    """A histogram in plain numbers: a count per bucket (the last one is ``+Inf``) and the sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value: Prometheus' le
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class Tally:
+    """One consumer's figures. Only the consumer's own thread writes them, so no lock: readers
+    (``/metrics``, ``mdb ports``) add a port's tallies and may see a delivery late, never twice."""
+
+    __slots__ = ("fallbacks", "handler", "latency", "outcomes", "sizes")
+
+    def __init__(self) -> None:
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.handler = Buckets(HANDLER_BUCKETS)  # seconds in the unit of work
+        self.latency = Buckets(LATENCY_BUCKETS)  # publish to acknowledgment, handled only
+        self.sizes = Buckets(BATCH_BUCKETS)  # deliveries per batch (batched ports)
+        self.fallbacks = 0  # batches rolled back and run again one by one
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+
+    def end_to_end(self, timestamp: Any) -> None:
+        """Observe now minus the message's AMQP timestamp; a message without one is skipped."""
+        if timestamp is None:
+            return
+        if isinstance(timestamp, int | float) and not isinstance(timestamp, bool):
+            sent = float(timestamp)  # py-amqp's epoch seconds: no datetime on the hot path
+        else:
+            stamp = from_epoch(timestamp)
+            if stamp is None:
+                return
+            sent = stamp.timestamp()
+        self.latency.observe(max(0.0, time.time() - sent))  # a producer's clock may run ahead
+
+
+def _histogram(family: HistogramMetricFamily, port: str, parts: list[Buckets]) -> None:
+    bounds = parts[0].bounds if parts else ()
+    running, buckets = 0, []
+    for index, le in enumerate([*map(floatToGoString, bounds), "+Inf"]):
+        running += sum(b.counts[index] for b in parts)
+        buckets.append((le, running))
+    family.add_metric([port], buckets, sum_value=sum(b.sum for b in parts))
+
+
+class _TallyCollector:
+    """The per-delivery series, added up from the ports' tallies when Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self.ports: dict[str, Callable[[], list[Tally]]] = {}
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families({port: read() for port, read in self.ports.items()})
+
+    def _families(self, tallies: dict[str, list[Tally]] | None = None) -> Iterator[Metric]:
+        deliveries = CounterMetricFamily("mdb_deliveries", "Deliveries by port and outcome.",
+                                         labels=["port", "outcome"])
+        handler = HistogramMetricFamily("mdb_handler_seconds",
+                                        "Time in the unit of work (handler and commit).", labels=["port"])
+        latency = HistogramMetricFamily(
+            "mdb_end_to_end_seconds",
+            "From the publish timestamp to the acknowledgment of a handled delivery. The AMQP "
+            "timestamp has whole seconds, so a value is up to 1 s too high: read it in seconds, "
+            "not milliseconds.", labels=["port"])
+        sizes = HistogramMetricFamily("mdb_batch_size",
+                                      "Deliveries per batch unit of work (batched ports).", labels=["port"])
+        fallbacks = CounterMetricFamily("mdb_batch_fallbacks",
+                                        "Batches rolled back and then run again one message at a time.",
+                                        labels=["port"])
+        for port, parts in (tallies or {}).items():
+            for outcome in OUTCOMES:
+                deliveries.add_metric([port, outcome], sum(t.outcomes[outcome] for t in parts))
+            _histogram(handler, port, [t.handler for t in parts] or [Buckets(HANDLER_BUCKETS)])
+            _histogram(latency, port, [t.latency for t in parts] or [Buckets(LATENCY_BUCKETS)])
+            _histogram(sizes, port, [t.sizes for t in parts] or [Buckets(BATCH_BUCKETS)])
+            fallbacks.add_metric([port], sum(t.fallbacks for t in parts))
+        yield from (deliveries, handler, latency, sizes, fallbacks)
+
+
 class Metrics:
-    """The container's metrics; cheap enough to update on every delivery."""
+    """The container's metrics; a delivery only writes its consumer's :class:`Tally`."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.deliveries = Counter(
-            "mdb_deliveries", "Deliveries by port and outcome.", ["port", "outcome"], registry=r
-        )
-        self.handler_seconds = Histogram(
-            "mdb_handler_seconds", "Time in the unit of work (handler and commit).", ["port"],
-            registry=r,
-        )
-        self.latency_seconds = Histogram(
-            "mdb_end_to_end_seconds",
-            "From the publish timestamp to the acknowledgment of a handled delivery. The AMQP "
-            "timestamp has whole seconds, so a value is up to 1 s too high: read it in seconds, "
-            "not milliseconds.",
-            ["port"], registry=r, buckets=LATENCY_BUCKETS,
-        )
+        self._tallies = _TallyCollector()
+        r.register(self._tallies)
         self.port_started = Gauge(
             "mdb_port_started", "1 while the port consumes, 0 when stopped.", ["port"], registry=r
         )
@@ -66,67 +155,18 @@ class Metrics:
         self.dedup_purged = Counter(
             "mdb_dedup_rows_purged", "Dedup rows deleted past retention.", registry=r
         )
-        self.batch_sizes = Histogram(
-            "mdb_batch_size", "Deliveries per batch unit of work (batched ports).", ["port"],
-            registry=r, buckets=BATCH_BUCKETS,
-        )
-        self.batch_fallbacks = Counter(
-            "mdb_batch_fallbacks",
-            "Batches rolled back and then run again one message at a time.", ["port"], registry=r,
-        )
-        self._children: dict[tuple[str, str], Counter] = {}
-        self._timers: dict[str, Histogram] = {}
-        self._latencies: dict[str, Histogram] = {}
 
     def bind_port(self, port: str, *, started: Callable[[], bool], failures: Callable[[], int],
-                  in_flight: Callable[[], int]) -> None:
-        """Show every series of a port from the start (at 0), and read its state at scrape time.
+                  in_flight: Callable[[], int], tallies: Callable[[], list[Tally]]) -> None:
+        """Show every series of a port from the start (at 0), and read it all at scrape time.
 
         Prometheus' ``rate()`` and ``absent()`` need a series to exist before its
         first event, so a port that starts stopped still reports ``mdb_port_started 0``.
         """
-        for outcome in OUTCOMES:
-            self._children[(port, outcome)] = self.deliveries.labels(port=port, outcome=outcome)
-        self._timers[port] = self.handler_seconds.labels(port=port)
-        self.batch_sizes.labels(port=port)
-        self.batch_fallbacks.labels(port=port)
-        self._latencies[port] = self.latency_seconds.labels(port=port)
+        self._tallies.ports[port] = tallies
         self.port_started.labels(port=port).set_function(lambda: 1.0 if started() else 0.0)
         self.consecutive_failures.labels(port=port).set_function(lambda: float(failures()))
         self.in_flight.labels(port=port).set_function(lambda: float(in_flight()))
-
-    def delivery(self, port: str, outcome: str) -> None:
-        key = (port, outcome)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.deliveries.labels(port=port, outcome=outcome)
-        child.inc()
-
-    def handler_time(self, port: str, seconds: float) -> None:
-        timer = self._timers.get(port)
-        if timer is None:
-            timer = self._timers[port] = self.handler_seconds.labels(port=port)
-        timer.observe(seconds)
-
-    def batch(self, port: str, size: int) -> None:
-        self.batch_sizes.labels(port=port).observe(size)
-
-    def batch_fallback(self, port: str) -> None:
-        self.batch_fallbacks.labels(port=port).inc()
-
-    def end_to_end(self, port: str, timestamp: Any) -> None:
-        """Observe now minus the message's AMQP timestamp; a message without one is skipped."""
-        if isinstance(timestamp, int | float) and not isinstance(timestamp, bool):
-            sent = float(timestamp)  # py-amqp's epoch seconds: no datetime on the hot path
-        else:
-            stamp = from_epoch(timestamp)
-            if stamp is None:
-                return
-            sent = stamp.timestamp()
-        latency = self._latencies.get(port)
-        if latency is None:
-            latency = self._latencies[port] = self.latency_seconds.labels(port=port)
-        latency.observe(max(0.0, time.time() - sent))  # a producer's clock may run ahead
 
     def exposition(self) -> bytes:
         """The Prometheus text format of this registry."""

@@ -100,7 +100,8 @@ class MessageContext(_UnitContext):
     _no_session = "transaction = 'container' (Required or RequiresNew); with 'bean' use ctx.transaction()"
 
     def __init__(self, message: Message, port: str, unit: UnitOfWork) -> None:
-        super().__init__(port, unit)
+        self.port = port  # as _UnitContext.__init__, without the call: one context per delivery
+        self._unit = unit
         self.message = message
 
     def reply(

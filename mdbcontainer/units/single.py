@@ -269,10 +269,10 @@ class UnitOfWork:
             raise TransactionError(f"port {self.port!r}: ctx.recover() needs acknowledge = 'client'")
         self._client_ack.recover()
 
-    def run(self, call: Callable[[], None]) -> Outcome:
-        """Run the handler; sends leave after it returns (no transaction to join)."""
+    def run(self, call: Callable[..., None], *args: Any) -> Outcome:
+        """Run the handler, ``call(*args)``; sends leave after it returns (no transaction to join)."""
         try:
-            call()
+            call(*args)
             crash_point("in-handler")
             if self.rollback_only:
                 raise RollbackOnly
@@ -284,7 +284,7 @@ class UnitOfWork:
 class ContainerManaged(UnitOfWork):
     """CMT: dedup claim, handler, outbox and commit in one transaction the container owns."""
 
-    def run(self, call: Callable[[], None]) -> Outcome:
+    def run(self, call: Callable[..., None], *args: Any) -> Outcome:
         store, outbox = self.resources.store, self.resources.outbox
         assert store is not None and outbox is not None
         if self._already_applied():
@@ -295,7 +295,7 @@ class ContainerManaged(UnitOfWork):
                 if self._claim_first and not self._claim(session):
                     session.rollback()
                     return Outcome("duplicate")
-                call()
+                call(*args)
                 crash_point("in-handler")
                 if self.rollback_only:
                     raise RollbackOnly
@@ -373,9 +373,9 @@ class BeanManaged(UnitOfWork):
         assert self.resources.dedup is not None
         return self.resources.dedup.claim(session, self.port, self.message_id)
 
-    def run(self, call: Callable[[], None]) -> Outcome:
+    def run(self, call: Callable[..., None], *args: Any) -> Outcome:
         try:
-            call()
+            call(*args)
             crash_point("in-handler")
             if self.rollback_only and not self._opened:
                 raise RollbackOnly

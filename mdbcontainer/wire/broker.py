@@ -30,7 +30,7 @@ from ..support.retry import DEFAULT as RETRY
 from ..support.tracing import tracing_for
 from .delays import wait_queues
 from .delivery import Delivery
-from .heartbeat import Heartbeat, away, outside, using
+from .heartbeat import Heartbeat, outside, using
 from .ownership import OwnerLock, in_use
 
 log = logging.getLogger("mdbcontainer.broker")
@@ -667,8 +667,10 @@ class Subscription:
 
     def _dispatch(self, raw: Any) -> None:
         """Run the pipeline on one delivery; heartbeats go on from their thread meanwhile."""
-        with away(self._beat):
+        if self._beat is None:
             self.on_message(Delivery(raw))
+        else:
+            self._beat.away_for(self.on_message, Delivery(raw))
 
     def publish(self, *, exchange: str, routing_key: str, body: bytes,
                 properties: dict[str, Any], mandatory: bool) -> None:
@@ -700,20 +702,15 @@ class Subscription:
 
     def drain(self, timeout: float) -> None:
         """Dispatch deliveries for up to ``timeout`` seconds (returns quietly on a quiet queue)."""
-        assert self.conn is not None
-        with using(self._beat), suppress(socket.timeout, TimeoutError):
+        conn = self.conn
+        assert conn is not None
+        try:  # once per delivery: plain calls, no context manager
             if self._beat is None:
-                self.conn.drain_events(timeout=timeout)
-                return
-            # Not py-amqp's drain_events: it reads on until a method frame comes, each
-            # broker heartbeat starting its timeout again, so on a quiet queue it can hold
-            # the lock for ever and our own heartbeats stop (the broker then closes us).
-            amqp_conn = self.conn.connection
-            deadline = time.monotonic() + timeout
-            while not amqp_conn.blocking_read(timeout):
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    return
+                conn.drain_events(timeout=timeout)
+            else:
+                self._beat.read(_read_until_method, conn.connection, timeout)
+        except TimeoutError:  # socket.timeout is TimeoutError
+            pass
 
     def drain_ready(self, limit: int = 1000) -> int:
         """Read what has already arrived, without waiting; return the frames read.
@@ -758,6 +755,20 @@ class Subscription:
         owner, self._owner = self._owner, None
         if owner is not None:
             owner.release()
+
+
+def _read_until_method(amqp_conn: Any, timeout: float) -> None:
+    """Read frames until a method frame came, or ``timeout`` is up.
+
+    Not py-amqp's drain_events: it reads on until a method frame comes, each
+    broker heartbeat starting its timeout again, so on a quiet queue it can hold
+    the lock for ever and our own heartbeats stop (the broker then closes us).
+    """
+    deadline = time.monotonic() + timeout
+    while not amqp_conn.blocking_read(timeout):
+        timeout = deadline - time.monotonic()
+        if timeout <= 0:
+            return
 
 
 def _worth_retrying(exc: BaseException) -> bool:

@@ -12,6 +12,7 @@ properties exactly as they came.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -107,7 +108,8 @@ class Delivery:
         """When a message with a TTL expires: its timestamp plus its ``expiration``."""
         expiration = self._raw.properties.get("expiration")
         if not expiration:  # the common case: no datetime work at all
-            waited = self.header(WAIT_EXPIRES_AT)  # back from a wait: the expiry it kept
+            headers = self._raw.headers  # back from a wait: the expiry it kept
+            waited = headers.get(WAIT_EXPIRES_AT) if headers else None
             return _parse_instant(waited) if waited else None
         stamp = from_epoch(self._raw.properties.get("timestamp"))
         if stamp is None:
@@ -116,10 +118,6 @@ class Delivery:
             return stamp + timedelta(milliseconds=int(expiration))
         except (TypeError, ValueError, OverflowError):
             return None
-
-    def expired(self, grain: timedelta) -> bool:
-        expires_at = self.expires_at()
-        return expires_at is not None and expires_at + grain <= datetime.now(UTC)
 
     def copy_to(self, queue: str, headers: dict[str, Any], *, replace: bool = False) -> Outgoing:
         """This message, body, id and properties intact, bound for ``queue``.
@@ -148,6 +146,67 @@ class Delivery:
         self._raw.reject(requeue=False)
 
 
+_set = object.__setattr__  # Message is frozen: its own fields are set once, here
+_FIELDS = tuple(f.name for f in fields(Message))
+
+
+class _Envelope(Message):
+    """A :class:`Message` whose rarely read fields come from the wire's properties when read.
+
+    The body (decoded, so that an invalid one is backed out before the
+    handler), the id, the headers and the counts are set as it is built; the
+    priority, expiry, persistence, reply address, correlation id and
+    timestamp are read from the AMQP properties only if the handler asks, so
+    a delivery whose handler reads its body builds no datetime and checks no
+    property. To its reader it is a Message like any other (a copy, or
+    ``dataclasses.replace``, is a plain one).
+    """
+
+    __slots__ = ("_delivery",)
+    _delivery: Delivery
+
+    def __new__(cls, *args: Any, **changes: Any) -> Any:
+        # dataclasses.replace() calls the class with every field: that is a plain Message.
+        return Message(*args, **changes)
+
+    def _plain(self) -> Message:
+        return Message(*(getattr(self, name) for name in _FIELDS))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Message, tuple(getattr(self, name) for name in _FIELDS)
+
+    def __repr__(self) -> str:
+        return repr(self._plain())
+
+    def __eq__(self, other: object) -> bool:
+        return self._plain() == (other._plain() if isinstance(other, _Envelope) else other)
+
+    @property
+    def priority(self) -> int:
+        value = self._delivery.properties.get("priority")
+        return value if isinstance(value, int) and 0 <= value <= 255 else 0
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return self._delivery.expires_at()
+
+    @property
+    def persistent(self) -> bool:  # AMQP: absent is transient
+        return bool(self._delivery.properties.get("delivery_mode") == DELIVERY_MODE_PERSISTENT)
+
+    @property
+    def reply_to(self) -> str | None:
+        return self._delivery.properties.get("reply_to")
+
+    @property
+    def correlation_id(self) -> str | None:
+        return self._delivery.properties.get("correlation_id")
+
+    @property
+    def timestamp(self) -> datetime | None:
+        return from_epoch(self._delivery.properties.get("timestamp"))
+
+
 def _parse_instant(text: Any) -> datetime | None:
     """An ISO 8601 instant from a header (UTC when it names no zone); None when it is not one."""
     try:
@@ -160,6 +219,23 @@ def _parse_instant(text: Any) -> datetime | None:
 def envelope(delivery: Delivery, message_id: str, count: int, accept: list[str] | frozenset[str],
              max_bytes: int, destination: str) -> Message:
     """The handler's Message for a delivery (decoding the body; may raise InvalidBody)."""
+    raw = delivery._raw
+    data = raw.body if type(raw.body) is bytes else body_bytes(raw.body, raw.content_encoding)
+    content_type = raw.content_type or ""
+    body = decode_body(data, content_type, accept, max_bytes, raw.content_encoding or None)
+    message = object.__new__(_Envelope)
+    _set(message, "_delivery", delivery)
+    _set(message, "id", message_id)
+    _set(message, "body", body)
+    _set(message, "headers", dict(raw.headers or ()))
+    _set(message, "redelivery_count", count)
+    _set(message, "redelivered", count > 0 or bool(raw.delivery_info.get("redelivered")))
+    _set(message, "destination", destination)
+    _set(message, "content_type", content_type)
+    _set(message, "raw", data)
+    return message
+
+
     props = delivery.properties
     data = delivery.body
     body = decode_body(data, delivery.content_type, accept, max_bytes, delivery.content_encoding)

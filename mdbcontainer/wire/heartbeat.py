@@ -25,13 +25,14 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, TypeVar
 
 from amqp.exceptions import ConnectionForced
 
 log = logging.getLogger("mdbcontainer.heartbeat")
+T = TypeVar("T")
 
 
 class Heartbeat:
@@ -105,6 +106,18 @@ class Heartbeat:
             finally:
                 self._away, self._holder = was_away, holder
 
+    def read(self, call: Callable[..., T], *args: Any) -> T:
+        """:meth:`reading` around ``call(*args)``, without a generator: a consumer drains once
+        per delivery."""
+        with self.lock:
+            holder, self._holder = self._holder, threading.get_ident()
+            was_away, self._away = self._away, False
+            try:
+                self.tick()
+                return call(*args)
+            finally:
+                self._away, self._holder = was_away, holder
+
     @contextmanager
     def away(self) -> Iterator[None]:
         """The owner runs a handler inside a drain: let the thread keep the heartbeats going."""
@@ -117,9 +130,25 @@ class Heartbeat:
         try:
             yield
         finally:
-            self.lock.acquire()
-            self._away, self._holder = was_away, threading.get_ident()
-            self._heard_at = time.monotonic()  # what arrived meanwhile is read next
+            self._come_back(was_away)
+
+    def away_for(self, call: Callable[[T], None], argument: T) -> None:
+        """:meth:`away` around one call, without a generator: the consumer's once per delivery."""
+        if self._holder != threading.get_ident():
+            call(argument)
+            return
+        was_away, self._away = self._away, True
+        self._holder = None
+        self.lock.release()
+        try:
+            call(argument)
+        finally:
+            self._come_back(was_away)
+
+    def _come_back(self, was_away: bool) -> None:
+        self.lock.acquire()
+        self._away, self._holder = was_away, threading.get_ident()
+        self._heard_at = time.monotonic()  # what arrived meanwhile is read next
 
     @contextmanager
     def outside(self) -> Iterator[None]:
@@ -185,16 +214,6 @@ def using(beat: Heartbeat | None) -> Iterator[None]:
         yield
     else:
         with beat.reading():
-            yield
-
-
-@contextmanager
-def away(beat: Heartbeat | None) -> Iterator[None]:
-    """``beat.away()``, or nothing for a connection without heartbeats."""
-    if beat is None:
-        yield
-    else:
-        with beat.away():
             yield
 
 
