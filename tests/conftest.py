@@ -243,8 +243,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     Under ``-n 2 --dist loadgroup`` the ``hosts`` group (network namespaces,
     RabbitMQ nodes) is one unit of several minutes on one worker, then come
-    the ``slow`` tests; the order within each kind stays as pytest-randomly
-    shuffled it (a stable sort).
+    the ``slow`` tests; within each kind the collection order stays (a stable
+    sort).
     """
     def weight(item: pytest.Item) -> int:
         if any(m.args[:1] == ("hosts",) for m in item.iter_markers("xdist_group")):
