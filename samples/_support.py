@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from mdbcontainer.settings import Settings, load_settings
+from mdbcontainer.state.control import Control
+from mdbcontainer.state.store import Store
 from mdbcontainer.testing import wait_for
 
 
@@ -43,6 +45,7 @@ class Walk:
         self.settings_path = self.tmp / "settings.toml"
         self.keep = keep
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._store: Store | None = None
         os.chdir(self.tmp)
 
     @property
@@ -76,9 +79,18 @@ class Walk:
         return result
 
     def ports(self) -> dict[str, dict[str, Any]]:
-        """``mdb ports --json`` by port name (this walk-through runs one container at a time)."""
-        rows = json.loads(self.mdb("ports", "--json", show=False).stdout)
-        return {row["port"]: row for row in rows}
+        """What ``mdb ports --json`` prints, by port name (one container at a time runs here).
+
+        Read in this process, not through an ``mdb`` command: a walk-through
+        polls it while it waits, and each command would pay a Python start-up
+        (a second or more on a busy machine). The ``mdb ports`` the transcript
+        shows stay commands.
+        """
+        if self._store is None:
+            self._store = Store(self.settings.container)
+            self._store.create_tables()
+        rows = Control(self._store).live(control_interval=self.settings.container.control_interval)
+        return {row["port"]: json.loads(json.dumps(row, default=str)) for row in rows}
 
     # -- containers --------------------------------------------------------
 
@@ -110,6 +122,8 @@ class Walk:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
+        if self._store is not None:
+            self._store.dispose()
         os.chdir(self.here)
         if not self.keep:
             shutil.rmtree(self.tmp, ignore_errors=True)

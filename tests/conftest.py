@@ -235,3 +235,20 @@ def embedded(tmp_path: Path) -> Any:
     b = Backend("embedded", tmp_path)
     yield b
     b.close()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest work first, so that no worker starts it last while the other idles.
+
+    Under ``-n 2 --dist loadgroup`` the ``hosts`` group (network namespaces,
+    RabbitMQ nodes) is one unit of several minutes on one worker, then come
+    the ``slow`` tests; within each kind the collection order stays (a stable
+    sort).
+    """
+    def weight(item: pytest.Item) -> int:
+        if any(m.args[:1] == ("hosts",) for m in item.iter_markers("xdist_group")):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=weight)

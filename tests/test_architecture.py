@@ -150,3 +150,11 @@ def test_only_the_wire_and_the_embedded_transport_touch_kombu() -> None:
 def _path(module: str) -> Path:
     path = ROOT.joinpath(*module.split("."))
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def test_operations_return_data_and_only_the_cli_prints() -> None:
+    """``operations/`` is shared by ``mdb`` and the console: what it prints would be lost on the web page."""
+    printing = re.compile(r"^\s*(from|import)\s+(typer|rich|click)\b|\bprint\(", re.M)
+    modules = sorted(_module(f) for f in (PACKAGE / "operations").rglob("*.py")
+                     if printing.search(f.read_text()))
+    assert modules == []

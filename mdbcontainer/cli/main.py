@@ -371,7 +371,8 @@ def ports(
     iterations: Annotated[int | None, typer.Option(hidden=True, min=1)] = None,
 ) -> None:
     """Every port of every running container: state, reason, counts (each since its container started)."""
-    from ..operations.ports import show_ports
+    from ..operations import ports as operate
+    from .output import print_ports
 
     if watch and as_json:
         usage_error("--watch draws a live table; for scripts, poll mdb ports --json instead")
@@ -385,7 +386,7 @@ def ports(
             pass
         return
     settings = settings_for(config)
-    guarded(lambda: show_ports(settings, as_json))
+    print_ports(guarded(lambda: operate.live_ports(settings)), as_json)
 
 
 PortArgument = Annotated[
@@ -397,18 +398,20 @@ PortArgument = Annotated[
 def port_start(name: PortArgument, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Start port NAME in every running container (and for containers started later)."""
     from ..operations.ports import switch_port
+    from .output import print_port_request
 
     settings = settings_for(config)
-    guarded(lambda: switch_port(settings, name, "started", as_json))
+    print_port_request(guarded(lambda: switch_port(settings, name, "started")), as_json)
 
 
 @port_app.command("stop", cls=Command)
 def port_stop(name: PortArgument, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Stop port NAME in every running container (and for containers started later)."""
     from ..operations.ports import switch_port
+    from .output import print_port_request
 
     settings = settings_for(config)
-    guarded(lambda: switch_port(settings, name, "stopped", as_json))
+    print_port_request(guarded(lambda: switch_port(settings, name, "stopped")), as_json)
 
 
 @dedup_app.command("purge", cls=Command)
@@ -422,9 +425,10 @@ def dedup_purge(
 ) -> None:
     """Delete dedup rows past retention, in short batches."""
     from ..operations.ports import purge_dedup
+    from .output import print_dedup_purge
 
     settings = settings_for(config)
-    guarded(lambda: purge_dedup(settings, older_than, as_json))
+    print_dedup_purge(guarded(lambda: purge_dedup(settings, older_than)), as_json)
 
 
 # -- backout queues ---------------------------------------------------------------
@@ -464,11 +468,14 @@ def dlq_list(
     ] = 100,
 ) -> None:
     """Browse a backout queue without consuming: every message stays, in its order."""
-    from ..operations.dlq import list_command
+    from ..operations.dlq import browse_page
+    from .output import print_dlq_list
 
-    name = one_queue(positional, queue)
+    chosen = one_queue(positional, queue)
     settings = settings_for(config)
-    guarded(lambda: list_command(settings, name, as_json, limit or None))
+    name = chosen or settings.container.dead_letter_queue
+    letters, total = guarded(lambda: browse_page(settings, name, limit or None))
+    print_dlq_list(name, letters, total, as_json)
 
 
 @dlq_app.command("show", cls=Command)
@@ -482,10 +489,11 @@ def dlq_show(
     ] = False,
 ) -> None:
     """One message of a backout queue with all its headers and the full exception."""
-    from ..operations.dlq import show_command
+    from ..operations.dlq import find
+    from .output import print_dlq_show
 
     settings = settings_for(config)
-    guarded(lambda: show_command(settings, message_id, queue, as_json, full))
+    print_dlq_show(guarded(lambda: find(settings, message_id, queue)), as_json, full)
 
 
 @dlq_app.command("replay", cls=Command)
@@ -497,12 +505,14 @@ def dlq_replay(
     config: ConfigOption = None,
 ) -> None:
     """Move messages back to their original destination (or --to), redelivery count reset."""
-    from ..operations.dlq import replay_command
+    from ..operations.dlq import replay_recorded
+    from .output import print_replay
 
     if bool(ids) == replay_all:
         usage_error("give the message IDs to replay, or --all (not both)")
     settings = settings_for(config)
-    guarded(lambda: replay_command(settings, ids or [], replay_all, queue, to))
+    result = guarded(lambda: replay_recorded(settings, ids or [], replay_all, queue, to))
+    guarded(lambda: print_replay(settings, result, queue, to))
 
 
 @dlq_app.command("purge", cls=Command)
@@ -513,14 +523,15 @@ def dlq_purge(
     yes: Annotated[bool, typer.Option("--yes", help="Confirm: delete them all.")] = False,
 ) -> None:
     """Empty a backout queue (needs --yes)."""
-    from ..operations.dlq import purge_command
+    from ..operations.dlq import purge_recorded
 
     name = one_queue(positional, queue)
     settings = settings_for(config)
     if not yes:
         name = name or settings.container.dead_letter_queue
         usage_error(f"purge deletes every message on {name}: add --yes to confirm")
-    guarded(lambda: purge_command(settings, name))
+    purged, count = guarded(lambda: purge_recorded(settings, name))
+    typer.echo(f"purged {count} message(s) from {purged}")
 
 
 @app.command(cls=Command)

@@ -29,7 +29,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import BrokerUnavailable, DlqError, MdbError, PublishError
@@ -40,7 +39,6 @@ from ..state.history import record_cli
 from ..support.crash import crash_point
 from ..support.failures import describe
 from ..support.outgoing import Outgoing
-from ..support.terminal import Column, fit
 from ..wire.broker import Broker, Publisher, connection_errors
 from ..wire.delivery import Delivery, HeldMessages
 from ..wire.queues import Browsed, QueueSession
@@ -143,6 +141,11 @@ def _json_default(value: Any) -> Any:
 
 def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, default=_json_default, ensure_ascii=False)
+
+
+def header_text(value: Any) -> str:
+    """One header value as one line of JSON (``mdb dlq show``)."""
+    return json.dumps(value, default=_json_default, ensure_ascii=False)
 
 
 # -- reading messages ------------------------------------------------------------
@@ -354,104 +357,26 @@ def purge(settings: Settings, queue: str | None = None) -> tuple[str, int]:
         return name, queues.purge(name)
 
 
-# -- the commands' output -------------------------------------------------------------
+# -- what the commands do, recorded in the history ------------------------------------
 
 
-def list_command(settings: Settings, queue: str | None, as_json: bool, limit: int | None = None) -> None:
-    """``mdb dlq list``: a table that fits the terminal, or one JSON document."""
-    name = queue or settings.container.dead_letter_queue
-    letters, total = browse_page(settings, name, limit)
-    more = (f"{name}: the first {len(letters)} of {total} message(s) shown (--limit N shows more)"
-            if total > len(letters) else "")
-    if as_json:
-        typer.echo(dumps([d.to_json() for d in letters]))
-        if more:
-            typer.echo(more, err=True)
-        return
-    if not letters:
-        typer.echo(f"{name}: no messages")
-        return
-    typer.echo(more or f"{name}: {total} message(s)")
-    rows = []
-    for d in letters:
-        row = d.to_json()
-        rows.append([str(v) if v is not None else "-" for v in (
-            row["id"], row["original_destination"], row["port"], row["reason"],
-            row["redelivery_count"], _short_time(row["failed_at"]), d.summary())])
-    typer.echo("\n".join(fit(LIST_COLUMNS, rows)))
-
-
-# The id is what ``dlq show`` and ``dlq replay`` need: never cut. In a narrow
-# terminal the time goes first, then the port (its destination says as much).
-LIST_COLUMNS = (
-    Column("id", keep=True), Column("destination", 8), Column("port", 6, drop=2),
-    Column("reason", 8), Column("count", 5, right=True), Column("failed at (UTC)", 19, drop=3),
-    Column("exception", 10),
-)
-
-
-def _short_time(stamp: str | None) -> str | None:
-    """``2024-05-01T10:40:53.97+00:00`` as ``2024-05-01 10:40:53`` (the table is narrow)."""
-    try:
-        return datetime.fromisoformat(stamp or "").strftime("%Y-%m-%d %H:%M:%S")
-    except ValueError:
-        return stamp
-
-
-def show_command(settings: Settings, message_id: str, queue: str | None, as_json: bool,
-                 full: bool = False) -> None:
-    """``mdb dlq show``: every header, the full exception, the body (its start, unless ``full``)."""
-    letters = find(settings, message_id, queue)
-    if as_json:
-        typer.echo(dumps([d.to_json() for d in letters]))
-        return
-    typer.echo("\n\n".join(_describe(d, full) for d in letters))
-
-
-def preview(text: str, full: bool) -> str:
-    """A body as a terminal can take it: its first BODY_PREVIEW characters, saying what is left out."""
-    if full or len(text) <= BODY_PREVIEW:
-        return text
-    return f"{text[:BODY_PREVIEW]}… ({len(text) - BODY_PREVIEW:,} more characters: --full shows them)"
-
-
-def _describe(d: DeadLetter, full: bool = False) -> str:
-    body, encoding = decode_for_display(d.body, d.content_type)
-    lines = [f"message {d.id} on {d.queue}", "properties:", f"  content_type: {d.content_type}"]
-    lines += [f"  {k}: {v}" for k, v in sorted(d.properties.items()) if k != "content_type"]
-    lines.append("headers:")
-    for key, value in d.headers.items():
-        if key != EXCEPTION:
-            lines.append(f"  {key}: {json.dumps(value, default=_json_default, ensure_ascii=False)}")
-    lines.append(f"  {EXCEPTION}:")
-    lines += [f"    {line}" for line in d.exception.splitlines()]
-    # The body as it was sent (its bytes counted above), not JSON parsed and re-spaced.
-    shown = d.body.decode("utf-8") if encoding == "json" else body
-    lines.append(f"body ({encoding}, {len(d.body):,} bytes): {preview(shown, full)}")
-    return "\n".join(lines)
-
-
-def replay_command(
+def replay_recorded(
     settings: Settings, ids: list[str], replay_all: bool, queue: str | None, to: str | None
-) -> None:
-    """``mdb dlq replay``: print how many moved; a missing id or a refused publish is exit 1."""
+) -> ReplayResult:
+    """``mdb dlq replay``: replay, and write what happened to the history."""
     result = replay(settings, ids, replay_all=replay_all, queue=queue, to=to)
     record_cli(settings, "replay", queue or ", ".join(settings.backout_queues()), replay_detail(
         result, ids, replay_all, to))
-    typer.echo(f"replayed {result.replayed} message(s)")
-    if result.invalid and to is None:  # back to the same handler, the body fails again: warn
-        typer.echo(
-            f"warning: {len(result.invalid)} of them are invalid bodies ({REASON_INVALID}: "
-            f"{', '.join(result.invalid[:5])}{', ...' if len(result.invalid) > 5 else ''}) and will be "
-            "backed out again as they are; fix each body and resend it with "
-            "mdb send DEST @fixed.json --id ID, or mdb dlq purge them "
-            "(README: Replaying invalid bodies)", err=True)
+    return result
+
+
+def replay_problems(settings: Settings, result: ReplayResult, queue: str | None) -> list[str]:
+    """Why a replay is a failure (exit 1): the ids not found, then the refused publishes."""
     problems = list(result.problems)
     if result.missing:
         where = queue or ", ".join(settings.backout_queues())
         problems.insert(0, f"not found on {where}: {', '.join(result.missing)}")
-    if problems:
-        raise DlqError("; ".join(problems))
+    return problems
 
 
 def replay_detail(result: ReplayResult, ids: list[str], replay_all: bool, to: str | None) -> str:
@@ -463,7 +388,8 @@ def replay_detail(result: ReplayResult, ids: list[str], replay_all: bool, to: st
     return "; ".join([text, *result.problems])
 
 
-def purge_command(settings: Settings, queue: str | None) -> None:
+def purge_recorded(settings: Settings, queue: str | None) -> tuple[str, int]:
+    """``mdb dlq purge``: empty the queue, and write how many went to the history."""
     name, count = purge(settings, queue)
     record_cli(settings, "purge", name, f"purged {count} message(s)")
-    typer.echo(f"purged {count} message(s) from {name}")
+    return name, count

@@ -2,7 +2,7 @@
 
 The bean opens its own transaction with ``ctx.transaction()``; the container
 writes the dedup row ``(port, message id)`` inside it. The crash window the
-seed describes (the database committed, the broker never heard the
+README describes under "Once and only once" (the database committed, the broker never heard the
 acknowledgment, so the message comes again) is closed by that row: a
 redelivered or duplicated message whose row exists is acknowledged without
 calling the bean.

@@ -590,7 +590,7 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(
     def broken(*args: object) -> None:
         raise RuntimeError("amqp://guest:secret@host went odd")
 
-    monkeypatch.setattr(operate, "show_ports", broken)
+    monkeypatch.setattr(operate, "live_ports", broken)
     monkeypatch.setattr(sys, "argv", ["mdb", "ports", "-c", str(good)])
     monkeypatch.delenv("MDB_TRACEBACK", raising=False)
     with pytest.raises(SystemExit) as exited:
@@ -637,7 +637,7 @@ PORT_ROWS = [  # two processes of one fleet, ports without batches
 def test_the_ports_table_keeps_the_container_drops_empty_columns_and_cuts_nothing(width: int) -> None:
     """The container tells two processes' rows apart: it stays; all-``-`` batches go first;
     what does not fit moves to a second line, whole (not ``sta…``)."""
-    from mdbcontainer.operations.ports import PORT_COLUMNS
+    from mdbcontainer.cli.output import PORT_COLUMNS
     from mdbcontainer.support.terminal import fit
 
     lines = fit(PORT_COLUMNS, PORT_ROWS, width)
@@ -659,7 +659,7 @@ def test_the_ports_table_keeps_the_container_drops_empty_columns_and_cuts_nothin
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_the_dlq_list_keeps_reason_and_exception_whole(width: int) -> None:
-    from mdbcontainer.operations.dlq import LIST_COLUMNS
+    from mdbcontainer.cli.output import LIST_COLUMNS
     from mdbcontainer.support.terminal import fit
 
     exception = "ValidationError: 1 validation error for OrderPlaced order_id Input should be a valid integer"

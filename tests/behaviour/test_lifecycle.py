@@ -117,7 +117,12 @@ def test_a_message_that_kills_the_container_ends_in_the_backout_queue(backend: B
 def test_port_stop_and_start_act_on_every_replica(backend: Backend) -> None:
     queue = backend.q("FLEET")
     settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 5}})
-    with backend.container(settings) as one, backend.container(settings, log_path=backend.tmp / "two.log") as two:
+    # Both start at once (each start is a Python start-up and a connect); the test waits for both.
+    one = backend.container(settings).start(wait=False)
+    two = backend.container(settings, log_path=backend.tmp / "two.log").start(wait=False)
+    with one, two:
+        one.wait_started()
+        two.wait_started()
         result = mdb("ports", "--json", settings=settings, env=backend.env)
         import json
 
