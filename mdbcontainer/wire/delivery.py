@@ -227,38 +227,16 @@ def envelope(delivery: Delivery, message_id: str, count: int, accept: list[str] 
     _set(message, "_delivery", delivery)
     _set(message, "id", message_id)
     _set(message, "body", body)
-    _set(message, "headers", dict(raw.headers or ()))
+    headers = dict(raw.headers or ())
+    if WAITED in headers:  # back from a redelivery delay: the producer's headers only
+        headers = {k: v for k, v in headers.items() if k not in WAIT_HEADERS}
+    _set(message, "headers", headers)
     _set(message, "redelivery_count", count)
     _set(message, "redelivered", count > 0 or bool(raw.delivery_info.get("redelivered")))
     _set(message, "destination", destination)
     _set(message, "content_type", content_type)
     _set(message, "raw", data)
     return message
-
-
-    props = delivery.properties
-    data = delivery.body
-    body = decode_body(data, delivery.content_type, accept, max_bytes, delivery.content_encoding)
-    priority = props.get("priority")
-    headers = delivery.headers
-    if WAITED in headers:  # back from a redelivery delay: the producer's headers only
-        headers = {k: v for k, v in headers.items() if k not in WAIT_HEADERS}
-    return Message(
-        id=message_id,
-        body=body,
-        headers=headers,
-        redelivery_count=count,
-        redelivered=delivery.redelivered or count > 0,
-        priority=priority if isinstance(priority, int) and 0 <= priority <= 255 else 0,
-        expires_at=delivery.expires_at(),
-        persistent=props.get("delivery_mode") == DELIVERY_MODE_PERSISTENT,  # AMQP: absent is transient
-        reply_to=props.get("reply_to"),
-        correlation_id=props.get("correlation_id"),
-        timestamp=from_epoch(props.get("timestamp")),
-        destination=destination,
-        content_type=delivery.content_type,
-        raw=data,
-    )
 
 
 class HeldMessages:
