@@ -32,12 +32,6 @@ sys.path.insert(0, str(HERE))
 
 import throughput as tp  # noqa: E402
 
-tp.PORTS.update({
-    "BenchAsyncNone": {"transaction": "none", "prefetch": tp.PREFETCH},
-    "BenchAsyncSleep": {"transaction": "none", "concurrency": 100},  # prefetch: raised to 100
-    "BenchAsyncOnce": {"transaction": "container", "concurrency": 50, "prefetch": 100},
-    "BenchSyncSleepOnce": {"transaction": "container", "prefetch": tp.PREFETCH},
-})
 WAIT = 0.02
 
 

@@ -60,6 +60,12 @@ PORTS: dict[str, dict[str, Any]] = {
     "BenchOnce": {"transaction": "container", "prefetch": PREFETCH},
     "BenchBatch": {"transaction": "container", "batch_size": BATCH},  # prefetch 2 x batch
     "BenchOnceBatched": {"transaction": "container", "batch_size": BATCH},
+    # benchmarks/async_handlers.py's ports: every handler of listeners_bench needs a
+    # destination, or `mdb port stop` refuses the settings.
+    "BenchAsyncNone": {"transaction": "none", "prefetch": PREFETCH},
+    "BenchAsyncSleep": {"transaction": "none", "concurrency": 100},  # prefetch: raised to 100
+    "BenchAsyncOnce": {"transaction": "container", "concurrency": 50, "prefetch": 100},
+    "BenchSyncSleepOnce": {"transaction": "container", "prefetch": PREFETCH},
 }
 # scenario: (baseline, container port). A baseline is a hand-written consumer ("plain":
 # kombu, ack per message, no database; "naive": one transaction per message) or a port.

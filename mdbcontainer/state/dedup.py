@@ -19,7 +19,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, exists, select
+from sqlalchemy import bindparam, delete, exists, select, text
 from sqlalchemy.orm import Session
 
 from .store import Store, utcnow
@@ -27,8 +27,10 @@ from .store import Store, utcnow
 log = logging.getLogger("mdbcontainer.dedup")
 
 PURGE_BATCH = 1000
-# One container of a fleet purges at a time (PostgreSQL advisory lock key).
-PURGE_LOCK = 7426002
+# One container of a fleet purges a dedup table at a time: a PostgreSQL advisory
+# lock in this class, keyed by the table's qualified name, so services that keep
+# their tables in other schemas of one database never hold back each other's purge.
+PURGE_LOCK_CLASS = 7426002
 
 
 class DuplicateMessage(BaseException):
@@ -187,13 +189,23 @@ class Dedup:
     def _lock(self, conn: Any) -> bool:
         if self.store.dialect != "postgresql":
             return True
-        got = conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({PURGE_LOCK})").scalar()
+        got = conn.execute(
+            text(f"SELECT pg_try_advisory_lock({PURGE_LOCK_CLASS}, hashtext(:table))"),
+            {"table": self._lock_name()},
+        ).scalar()
         conn.commit()
         return bool(got)
 
+    def _lock_name(self) -> str:
+        t = self.table
+        return f"{t.schema}.{t.name}" if t.schema else t.name
+
     def _unlock(self, conn: Any) -> None:
         if self.store.dialect == "postgresql":
-            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({PURGE_LOCK})")
+            conn.execute(
+                text(f"SELECT pg_advisory_unlock({PURGE_LOCK_CLASS}, hashtext(:table))"),
+                {"table": self._lock_name()},
+            )
             conn.commit()
 
     def count(self, port: str | None = None) -> int:

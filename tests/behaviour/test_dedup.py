@@ -6,7 +6,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, text
 
 from mdbcontainer.settings import load_settings
 from mdbcontainer.state.dedup import Dedup
@@ -95,3 +95,29 @@ def test_one_purger_at_a_time_and_claims_are_not_blocked(rabbit: Backend) -> Non
     assert claimed == [True] * 50, "deliveries claim their rows while a purge runs"
     with store.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(store.tables.dedup)).scalar() == 50
+
+
+@pytest.mark.postgres
+def test_a_purge_in_another_schema_does_not_hold_this_one_back(rabbit: Backend) -> None:
+    """Two services in one database keep their tables in their own schemas: one
+    service's purge in progress must not make the other's purge give up."""
+    store = dedup_store(rabbit)
+    fill(store, "P", 40, timedelta(days=30))
+    schema = f"{rabbit.schema}_other"
+    with rabbit.engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        settings_path = rabbit.write(ports={"Work": {"destination": rabbit.q("D")}},
+                                     name="other.toml", db_schema=schema)
+        other = Store(load_settings(settings_path, environ={}).container)
+        _stores.append(other)
+        other.create_tables()
+        with other.engine.connect() as holder:
+            assert Dedup(other)._lock(holder), "the other service's purger holds its lock"
+            try:
+                assert Dedup(store).purge(timedelta(days=7)) == 40
+            finally:
+                Dedup(other)._unlock(holder)
+    finally:
+        with rabbit.engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
