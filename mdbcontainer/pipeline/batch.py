@@ -16,28 +16,48 @@ handler raised or marked rollback-only, the commit was refused) rolls the
 whole batch back and counts nothing; then each message is run again alone,
 through the per-message path of section 4, where only the message that fails
 alone counts a failed delivery. A batch of one is that path already.
+
+Overlap (container-managed batches on PostgreSQL): the unit of work of batch
+k runs on the consumer's one batch worker thread while the consumer thread
+goes on receiving and gathering batch k+1, so the consumer no longer sits
+idle through the database round trips of each batch (BEGIN, claim, the
+handler's statements, COMMIT). Only the consumer thread touches the broker
+connection (py-amqp is not thread-safe): it settles batch k (acknowledges,
+dispatches its outbox rows, or runs its messages alone after a failure)
+once the worker is done, as soon as it notices between two reads, and at the
+latest before batch k+1 starts. So one batch is in flight at a time, the
+batches run and settle in delivery order, nothing is acknowledged before its
+commit, and a crash between a commit and its acknowledgment leaves only
+redeliveries that the dedup rows absorb. A graceful stop settles the batch
+in flight before it hands back the one being gathered; a lost channel waits
+for it and acknowledges nothing (the broker requeues, dedup absorbs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import PublishError
 from ..message import Message
+from ..sending.replies import mark_consumer_thread
 from ..support.crash import crash_point
 from ..support.failures import describe
 from ..support.outgoing import Outgoing
+from ..support.tracing import Active
 from ..units.async_batch import AsyncBatchRunner
 from ..units.async_single import AsyncUnitOfWork, async_resources, async_unit_class, dispose
 from ..units.batch import BatchItem, BatchOutcome, BatchRunner
 from ..units.context import MessageContext
-from ..units.single import Outcome
+from ..units.single import Outcome, claims_first
 from ..wire.broker import Publish, connection_errors
 from ..wire.delivery import Delivery
 from .async_single import AsyncPipeline
@@ -45,12 +65,28 @@ from .single import _GAVE_UP, ConsumerView, Pipeline, PortView
 
 log = logging.getLogger("mdbcontainer.batching")
 
+T = TypeVar("T")
+# While a batch is in flight, the consumer blocks on its socket at most this long, so that
+# the batch is settled soon after its commit even when nothing more arrives.
+_POLL = 0.002
+
 
 @dataclass
 class _Gathered:
     delivery: Delivery
     message: Message
     argument: Any
+
+
+@dataclass
+class _InFlight:
+    """A batch whose unit of work runs on the batch worker; the consumer settles it."""
+
+    batch: list[_Gathered]
+    future: Future[tuple[Any, float]]  # (the outcome or _GAVE_UP, the handler's seconds)
+    context: contextvars.Context  # the batch span is current in it (worker and settling alike)
+    span: Active
+    started: float
 
 
 class BatchPipeline(Pipeline):
@@ -66,6 +102,13 @@ class BatchPipeline(Pipeline):
                                   once_only=self.once_only)
         self._gathered: list[_Gathered] = []
         self._first_at = 0.0
+        # Overlap only where its safety is shown: container-managed, claims first (PostgreSQL:
+        # a claim waits on a copy in flight elsewhere), acknowledge auto (batch_size > 1).
+        store = self.resources.units.store
+        self.overlap = (self.runner.kind == "container" and self.size > 1
+                        and store is not None and claims_first(store))
+        self._in_flight: _InFlight | None = None
+        self._worker: ThreadPoolExecutor | None = None
 
     # -- gathering ---------------------------------------------------------
 
@@ -79,38 +122,72 @@ class BatchPipeline(Pipeline):
             self.flush()
 
     def wait_limit(self, idle: float) -> float:
-        """How long the consumer may block for the next delivery: until the linger is up."""
-        if not self._gathered:
-            return idle
-        return max(0.0, min(idle, self._first_at + self.linger - time.monotonic()))
+        """How long the consumer may block for the next delivery: until the linger is up
+        (and briefly while a batch is in flight, to settle it soon after its commit)."""
+        limit = idle
+        if self._gathered:
+            limit = max(0.0, min(idle, self._first_at + self.linger - time.monotonic()))
+        if self._in_flight is not None:
+            limit = min(limit, _POLL)
+        return limit
 
     def due(self) -> bool:
-        """The first delivery of the batch being gathered has lingered long enough."""
+        """The batch in flight is done, or the first delivery of the batch being gathered has
+        lingered long enough."""
+        flight = self._in_flight
+        if flight is not None and flight.future.done():
+            return True
         return bool(self._gathered) and time.monotonic() - self._first_at >= self.linger
 
     def tick(self) -> None:
-        """Between deliveries: run the batch whose first delivery has lingered long enough."""
-        if self.due():
+        """Between deliveries: settle the batch whose unit of work is done; run the batch whose
+        first delivery has lingered long enough."""
+        flight = self._in_flight
+        if flight is not None and flight.future.done():
+            self.settle_in_flight()
+        if self._gathered and time.monotonic() - self._first_at >= self.linger:
             self.flush()
 
     def hand_back_gathered(self) -> None:
-        """Graceful stop: the batch being gathered has not started; it goes back uncounted."""
+        """Graceful stop: the batch in flight is settled (its work may have committed); the batch
+        being gathered has not started, and goes back uncounted."""
+        self.settle_in_flight()
         gathered, self._gathered = self._gathered, []
         for item in gathered:
             self.acks.hand_back(item.delivery, item.message.id)
 
     def release(self) -> None:
-        """The channel is gone: the broker requeues the gathered batch.
+        """The channel is gone: the broker requeues the gathered batch, and the one in flight.
 
-        Nothing is written: the connection's lease, ended by the consumer, says
-        that none of its deliveries counts (counts.py).
+        The batch in flight is waited for (its commit, if it came, makes its
+        redeliveries duplicates) and acknowledges nothing. Nothing is written:
+        the connection's lease, ended by the consumer, says that none of its
+        deliveries counts (counts.py).
         """
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None:
+            with suppress(Exception):
+                flight.future.result()
+            flight.context.run(flight.span.end)
         self._gathered = []
+
+    def close(self) -> None:
+        """The consumer ends: its batch worker (idle: release or the hand-back waited) goes too."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=True)
+        super().close()
 
     # -- running -----------------------------------------------------------
 
     def flush(self) -> None:
-        """Run the gathered batch (marked in flight for /healthz and the in-flight gauge)."""
+        """Run the gathered batch (marked in flight for /healthz and the in-flight gauge).
+
+        The batch in flight, if any, is settled first: batches run and settle in order.
+        With overlap the gathered batch then starts on the batch worker, and the consumer
+        goes back to receiving.
+        """
+        self.settle_in_flight()
         batch, self._gathered = self._gathered, []
         if not batch:
             return
@@ -124,21 +201,28 @@ class BatchPipeline(Pipeline):
             self.tally.sizes.observe(len(batch))
             if len(batch) == 1:  # alone already: the per-message path, exactly
                 self._alone(batch[0])
+            elif self.overlap:
+                self._start(batch)
             else:
                 self._span = self.tracing.batch([item.delivery for item in batch])
-                self._run_batch(batch)
+                outcome, seconds = self._work(self._items(batch))
+                self._conclude_batch(batch, outcome, seconds)
         except connection_errors():
             raise  # the broker is gone: the consumer reconnects; the broker requeues
         except Exception as exc:
-            log.exception("port %s: container error in a batch of %d", self.port.name, len(batch))
-            for item in batch:
-                if not item.delivery.acknowledged:
-                    self.acks.failed(item.delivery)
-            self.port.stop_for_failures(batch[0].message.id, exc, internal=True)
+            self._container_error(batch, exc)
         finally:
             self._span.end()
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
+
+    def _container_error(self, batch: list[_Gathered], exc: Exception) -> None:
+        log.exception("port %s: container error in a batch of %d", self.port.name, len(batch),
+                      exc_info=exc)
+        for item in batch:
+            if not item.delivery.acknowledged:
+                self.acks.failed(item.delivery)
+        self.port.stop_for_failures(batch[0].message.id, exc, internal=True)
 
     def _items(self, batch: list[_Gathered]) -> list[BatchItem]:
         return [BatchItem(g.message, g.argument, self._mover(g.delivery)) for g in batch]
@@ -146,17 +230,67 @@ class BatchPipeline(Pipeline):
     def _mover(self, delivery: Delivery) -> Any:
         return lambda queue, reason: self.backout.copy(delivery, queue, reason, 0, None)
 
-    def _run_batch(self, batch: list[_Gathered]) -> None:
+    def _work(self, items: list[BatchItem]) -> tuple[Any, float]:
+        """The batch's unit of work, held through a database outage (on the batch worker with
+        overlap); its outcome (``_GAVE_UP``: the port stopped meanwhile) and its seconds."""
         started = time.perf_counter()
         crash_point("before-handler")
-        items = self._items(batch)
         outcome = self._through_outages(lambda: self.runner.run(items, hold=self._hold),
                                         failed=lambda o: o.kind == "infrastructure")
+        return outcome, time.perf_counter() - started
+
+    # -- overlap -----------------------------------------------------------
+
+    def _start(self, batch: list[_Gathered]) -> None:
+        """Start the batch's unit of work on the batch worker; the consumer settles it later."""
+        context = contextvars.copy_context()  # the batch span current there, not in the consumer
+        span = context.run(self.tracing.batch, [item.delivery for item in batch])
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(
+                1, thread_name_prefix=f"{threading.current_thread().name}-batch",
+                initializer=mark_consumer_thread, initargs=(self.port.name, self.settings))
+        items = self._items(batch)
+        future = self._worker.submit(context.run, self._work, items)
+        self._in_flight = _InFlight(batch, future, context, span, self._started)
+
+    def settle_in_flight(self) -> None:
+        """Wait for the batch in flight (heartbeats go on meanwhile), then settle it here, on the
+        consumer thread: acknowledge, publish, or run its messages alone."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        consumer = self.consumer
+        marked = consumer.delivering_since is None
+        if marked:  # waiting outside a delivery: still a batch in flight for /healthz
+            consumer.delivering_since = flight.started
+        try:
+            done = _wait(flight.future)  # the worker has left the context once it is done
+            flight.context.run(self._settle_flight, flight, done)
+        finally:
+            if marked:
+                consumer.delivering_since = None
+            consumer.alive_at = time.monotonic()
+
+    def _settle_flight(self, flight: _InFlight, done: tuple[Any, float] | BaseException) -> None:
+        try:
+            if isinstance(done, BaseException):
+                raise done
+            self._conclude_batch(flight.batch, *done)
+        except connection_errors():
+            raise
+        except Exception as exc:
+            self._container_error(flight.batch, exc)
+        finally:
+            flight.span.end()
+
+    # -- concluding ----------------------------------------------------------
+
+    def _conclude_batch(self, batch: list[_Gathered], outcome: Any, seconds: float) -> None:
         if outcome is _GAVE_UP:
             for item in batch:
                 self.acks.hand_back(item.delivery, item.message.id)
             return
-        self.tally.handler.observe(time.perf_counter() - started)
+        self.tally.handler.observe(seconds)
         if outcome.kind in ("failed", "conflict"):
             self._fall_back(batch, outcome)
         else:
@@ -272,6 +406,14 @@ class BatchPipeline(Pipeline):
         return failures
 
 
+def _wait(future: Future[T]) -> T | BaseException:
+    """The result of a future of the batch worker, or what it raised."""
+    try:
+        return future.result()
+    except BaseException as exc:  # raised again on the consumer thread, in the batch's context
+        return exc
+
+
 class AsyncBatchPipeline(BatchPipeline):
     """A batched port with an async handler: the batch path as it is, its units of work awaited
     on the consumer's own event loop (one batch at a time; see docs/architecture.md)."""
@@ -285,6 +427,7 @@ class AsyncBatchPipeline(BatchPipeline):
                                        transaction=self.settings.transaction,
                                        attribute=self.settings.transaction_attribute,
                                        once_only=self.once_only, loop=self.loop, units=self.units)
+        self.overlap = False  # its units of work run on the consumer's event loop
 
     def _run(self, delivery: Delivery, message: Message) -> Outcome:
         if self.invoker.spec.batch:  # a list of one, through the runner
