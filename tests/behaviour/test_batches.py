@@ -374,3 +374,74 @@ def test_a_lingered_batch_longer_than_two_heartbeats_keeps_its_connection(rabbit
         rabbit.probe(settings).count(rabbit.q("DLQ")) == 0
     assert row["handled"] == 3 and row["failed"] == 0 and row["backed_out"] == 0, row
     assert "unavailable" not in output and "heartbeat" not in output, output
+
+
+# -- overlap: batch k's unit of work on the batch worker while the consumer gathers k+1 --------
+# (container-managed batches on PostgreSQL; pipeline/batch.py)
+
+def _overlap_settings(rabbit: Backend, queue: str, name: str, linger: str) -> Path:
+    return rabbit.write(name=name, ports={"BatchWork": {"destination": queue, "batch_size": 5,
+                                                        "batch_linger": linger, "max_retries": 5}})
+
+
+def _batch_k_and_more(prefix: str, seconds: float) -> list[tuple[str, dict[str, Any]]]:
+    """Batch k: five messages, the last sleeping in the handler (so k+1 gathers meanwhile);
+    then three more, which make a batch k+1 that the 30 s linger never runs."""
+    first = [(f"{prefix}-{i}", {"n": i}) for i in range(4)]
+    first.append((f"{prefix}-4", {"n": 4, "action": "sleep", "seconds": seconds}))
+    return first + [(f"{prefix}-{i}", {"n": i}) for i in range(5, 8)]
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_graceful_stop_while_a_batch_is_in_flight_settles_it_and_hands_back_the_next(
+        rabbit: Backend) -> None:
+    """SIGTERM while batch k sleeps in its handler on the batch worker and k+1 is gathered:
+    k commits and is acknowledged (handled once), k+1 goes back uncounted."""
+    queue = rabbit.q("OVERLAP")
+    settings = _overlap_settings(rabbit, queue, "settings.toml", "30s")
+    send_all(rabbit, settings, queue, _batch_k_and_more("s", 3.0))
+    with container(rabbit, settings) as c:
+        wait_for(lambda: len(attempts_of(rabbit, "BatchWork")) == 5, 30, what="batch k running")
+        wait_for(lambda: rabbit.probe(settings).count(queue) == 0, what="k+1 received")
+        assert c.terminate(timeout=30) == 0
+    assert rabbit.effects("BatchWork") == Counter({f"s-{i}": 1 for i in range(5)}), \
+        "the batch in flight committed before the stop"
+    assert rabbit.probe(settings).count(queue) == 3, "batch k acknowledged, k+1 handed back"
+    short = _overlap_settings(rabbit, queue, "short.toml", "50ms")
+    with container(rabbit, short):
+        wait_for(lambda: len(rabbit.effects("BatchWork")) == 8, 30, what="k+1 handled")
+        time.sleep(0.5)  # time for a stray redelivery of batch k to be skipped or applied
+    assert rabbit.effects("BatchWork") == Counter({f"s-{i}": 1 for i in range(8)})
+    assert attempts_of(rabbit, "BatchWork") == Counter({f"s-{i}": 1 for i in range(8)})
+    assert {a[3] for a in rabbit.attempts("BatchWork")} == {0}, "the hand-back counted no failure"
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_a_crash_after_a_batch_commits_while_the_next_gathers_applies_each_once(
+        rabbit: Backend) -> None:
+    """SIGKILL on the batch worker right after batch k's commit, k+1 gathered, nothing
+    acknowledged: after a restart, k comes back as duplicates and k+1 is applied, each once."""
+    queue = rabbit.q("OVERLAP")
+    settings = _overlap_settings(rabbit, queue, "settings.toml", "30s")
+    send_all(rabbit, settings, queue, _batch_k_and_more("c", 1.5))
+    env = {**rabbit.env, "MDB_TEST_BATCHES": str(rabbit.tmp / "batches.log"),
+           "MDB_CRASH_AT": "after-commit:1", "MDB_CRASH_ONCE_FILE": str(rabbit.tmp / "crashed")}
+    crashing = ContainerProcess(settings, env=env, cwd=ROOT)
+    with crashing:
+        wait_for(lambda: (rabbit.tmp / "crashed").exists(), 30, what="the crash after batch k's commit")
+        crashing.wait_exit(timeout=20)
+    assert rabbit.effects("BatchWork") == Counter({f"c-{i}": 1 for i in range(5)}), "k committed"
+    assert rabbit.probe(settings).count(queue) == 8, "nothing acknowledged: all eight come back"
+    short = _overlap_settings(rabbit, queue, "short.toml", "50ms")
+    with container(rabbit, short) as c:
+        wait_for(lambda: len(rabbit.effects("BatchWork")) == 8, 30, what="k+1 handled")
+        wait_for(lambda: rabbit.probe(settings).count(queue) == 0, what="the queue drained")
+        wait_for(lambda: {k: (c.port_state("BatchWork") or {}).get(k)
+                          for k in ("duplicate_skipped", "handled")} == {"duplicate_skipped": 5,
+                                                                         "handled": 3},
+                 what="five duplicates skipped, three handled")
+    assert rabbit.effects("BatchWork") == Counter({f"c-{i}": 1 for i in range(8)}), "each once"
+    assert attempts_of(rabbit, "BatchWork") == Counter({f"c-{i}": 1 for i in range(8)}), \
+        "batch k's messages never reached the handler again"
