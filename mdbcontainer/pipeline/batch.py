@@ -151,6 +151,10 @@ class BatchPipeline(Pipeline):
     def hand_back_gathered(self) -> None:
         """Graceful stop: the batch in flight is settled (its work may have committed); the batch
         being gathered has not started, and goes back uncounted."""
+        sub = self.acks.sub
+        if self._in_flight is not None and sub is not None:
+            with sub.between_reads():  # nobody reads meanwhile: the heartbeats go on
+                self.settle_in_flight()
         self.settle_in_flight()
         gathered, self._gathered = self._gathered, []
         for item in gathered:

@@ -348,18 +348,21 @@ def test_on_sqlite_a_long_batch_holds_no_lock_and_mdb_port_stop_answers(tmp_path
 
 @pytest.mark.rabbitmq
 @pytest.mark.postgres
-def test_a_lingered_batch_longer_than_two_heartbeats_keeps_its_connection(rabbit: Backend) -> None:
+@pytest.mark.parametrize("transaction", ["none", "container"])
+def test_a_lingered_batch_longer_than_two_heartbeats_keeps_its_connection(rabbit: Backend,
+                                                                          transaction: str) -> None:
     """heartbeat = 1s, a partial batch (flushed by the linger) whose handler sleeps 3.5s.
 
-    The batch runs between two reads of the connection; the heartbeats must go
-    on meanwhile, or the container's own heartbeat thread kills the connection
-    and the batch comes back: applied twice without a transaction, backed out
-    at threshold 1 as a crash.
+    The batch runs between two reads of the connection (``none``), or on the
+    batch worker while the consumer goes on reading (``container``); the
+    heartbeats must go on meanwhile, or the container's own heartbeat thread
+    kills the connection and the batch comes back: applied twice without a
+    transaction, backed out at threshold 1 as a crash.
     """
     queue = rabbit.q("LINGER")
     settings = rabbit.write(
         ports={"Work": {"destination": queue, "batch_size": 10, "batch_linger": "200ms",
-                        "transaction": "none", "prefetch": 20}},
+                        "transaction": transaction, "prefetch": 20}},
         queues={queue: {"backout_threshold": 1}}, heartbeat="1s")
     send_all(rabbit, settings, queue, [("slow", {"action": "sleep", "seconds": 3.5}),
                                        ("quick-1", {"n": 1}), ("quick-2", {"n": 2})])
