@@ -78,7 +78,7 @@ class Tally:
             value = value if value > 0.0 else 0.0  # a producer's clock may run ahead
             latency.counts[bisect_left(latency.bounds, value)] += 1
             latency.sum += value
-        else:
+        elif timestamp is not None:
             self.end_to_end(timestamp)
 
     def end_to_end(self, timestamp: Any) -> None:

@@ -30,6 +30,7 @@ from ..support.retry import DEFAULT as RETRY
 from ..support.tracing import tracing_for
 from .delays import wait_queues
 from .delivery import Delivery
+from .frames import read_until_method
 from .heartbeat import Heartbeat, outside, using
 from .ownership import OwnerLock, in_use
 
@@ -708,7 +709,7 @@ class Subscription:
             if self._beat is None:
                 conn.drain_events(timeout=timeout)
             else:
-                self._beat.read(_read_until_method, conn.connection, timeout)
+                self._beat.read(read_until_method, conn.connection, timeout)
         except TimeoutError:  # socket.timeout is TimeoutError
             pass
 
