@@ -550,6 +550,7 @@ def report(results: list[Result]) -> None:
 
 
 def main() -> int:
+    global IDLE_WAIT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20000, help="messages per contestant and run")
     parser.add_argument("--scenario", choices=[*SCENARIOS, "latency", "rss", "all"], default="all",
@@ -569,7 +570,6 @@ def main() -> int:
     parser.add_argument("--dedup-rows", type=int, default=0,
                         help="fill both dedup tables with this many old rows first (e.g. 2000000)")
     args = parser.parse_args()
-    global IDLE_WAIT
     IDLE_WAIT = args.idle_wait
     if args.profile:
         args.profile = args.profile.resolve()
