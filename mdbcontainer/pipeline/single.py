@@ -130,9 +130,10 @@ class Pipeline:
         self._outcomes = port.resources.broker.tracing  # the current span's mdb.outcome
         self._span: Active = NOTHING  # the current delivery's (tracing.py)
         # A first delivery on a port without a transaction, acknowledged as its handler returns,
-        # untraced, takes the flat path (_first): the same steps, without a call for each.
-        self._flat = (self.unit_class is UnitOfWork and type(self.acks) is Acknowledger
-                      and is_off(self.tracing))
+        # untraced, takes the flat path (_first): the same steps, without a call for each. Not in
+        # a subclass (a batch gathers its deliveries in its own _deliver).
+        self._flat = (type(self) is Pipeline and self.unit_class is UnitOfWork
+                      and type(self.acks) is Acknowledger and is_off(self.tracing))
 
     # -- the pipeline ------------------------------------------------------
 
