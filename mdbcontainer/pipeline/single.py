@@ -43,9 +43,10 @@ from ..support.retry import RetryCondition
 from ..support.tracing import NOTHING, Active, is_off
 from ..units.context import MessageContext
 from ..units.single import Outcome, RollbackOnly, UnitOfWork, failure, is_infrastructure, unit_class
-from ..wire.broker import Publisher, connection_errors
+from ..wire.connection import connection_errors
 from ..wire.delays import Delays, came_back, carried_failure, left_after
 from ..wire.delivery import WAIT_EXPIRES_AT, WAITED, Delivery, envelope
+from ..wire.publisher import Publisher
 from .acknowledge import Acknowledger
 from .backout import REASON_INVALID, REASON_MISSING_ID, REASON_THRESHOLD, Backout
 from .resources import SharedResources

@@ -40,7 +40,9 @@ from ..support.logs import fields
 from ..support.outgoing import Outgoing
 from ..support.retry import DEFAULT as RETRY
 from ..support.retry import RetryPolicy
-from ..wire.broker import Publisher, Subscription, connection_errors
+from ..wire.connection import connection_errors
+from ..wire.publisher import Publisher
+from ..wire.subscription import Subscription
 
 log = logging.getLogger("mdbcontainer.port")
 
