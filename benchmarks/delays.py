@@ -41,7 +41,7 @@ import listeners_bench as lb  # noqa: E402  (the script's own folder is on sys.p
 
 from mdbcontainer.settings import QueueSettings, load_settings  # noqa: E402
 from mdbcontainer.testing import ContainerProcess, wait_for, write_settings  # noqa: E402
-from mdbcontainer.wire.broker import Broker  # noqa: E402
+from mdbcontainer.wire.connection import Broker  # noqa: E402
 from mdbcontainer.wire.delays import wait_queues  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"

@@ -22,6 +22,7 @@ UTF8 = "utf-8"
 BINARY = "binary"  # the content encoding of a body sent as bytes (kombu's name for it)
 # A JSON document nested deeper than this is refused before it is parsed.
 MAX_JSON_DEPTH = 64
+_JSON = json.JSONDecoder()
 
 
 class InvalidBody(Exception):
@@ -85,10 +86,11 @@ def decode_body(raw: bytes, content_type: str, accept: list[str] | frozenset[str
         raise InvalidBody(f"body is not valid UTF-8: {exc.reason} at byte {exc.start}") from exc
     if ctype == TEXT or not ctype.endswith("json"):
         return text
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:  # else it cannot nest deeper
+    # A body of fewer characters than the depth, or with fewer brackets, cannot nest deeper.
+    if len(raw) > MAX_JSON_DEPTH and text.count("[") + text.count("{") > MAX_JSON_DEPTH:
         _check_depth(text)
     try:
-        return json.loads(text)
+        return _JSON.decode(text)  # json.loads without its two calls around it
     except ValueError as exc:
         raise InvalidBody(f"body is not valid JSON: {exc}") from exc
 

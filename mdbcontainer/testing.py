@@ -23,7 +23,7 @@ from sqlalchemy import inspect
 from .settings import Settings, load_settings
 from .state.control import Control
 from .state.store import Store, make_engine
-from .wire.broker import Broker
+from .wire.connection import Broker
 from .wire.delivery import Delivery
 from .wire.queues import QueueSession
 

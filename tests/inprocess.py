@@ -35,11 +35,12 @@ class Running:
 
 
 @contextmanager
-def running(backend: Backend, *, transaction: str, **queue: Any) -> Iterator[Running]:
+def running(backend: Backend, *, transaction: str, max_retries: int = 100,
+            **queue: Any) -> Iterator[Running]:
     """A container with port InProc on a fresh queue (its ``[queues]`` entry: ``queue``); stopped after."""
     name = backend.q("Q")
     # Maximum retries high: a port that stops at its first failure would hide the pipeline's steps.
-    port = {"destination": name, "transaction": transaction, "max_retries": 100}
+    port = {"destination": name, "transaction": transaction, "max_retries": max_retries}
     path = backend.write(ports={"InProc": port},
                          queues={name: queue}, listeners=["tests.apps.inproc"])
     container = Container(backend.settings(path))

@@ -201,7 +201,7 @@ def check(config: ConfigOption = None) -> None:
     from ..pipeline.acknowledge import check_mode
     from ..runtime.container import bind
     from ..state.metadata import load_metadata
-    from ..wire.broker import Broker
+    from ..wire.connection import Broker
 
     settings = settings_for(config)
     bindings = guarded(lambda: bind(settings))
@@ -591,7 +591,7 @@ def unsubscribe(
 ) -> None:
     """Delete a durable subscription and what it holds (refused while a port consumes it)."""
     from ..operations.unsubscribe import unsubscribe as delete_subscription
-    from ..wire.broker import Broker
+    from ..wire.connection import Broker
 
     settings = settings_for(config)
     dropped = guarded(lambda: delete_subscription(Broker(settings), client_id, subscription))

@@ -30,7 +30,7 @@ from ..state.control import Control
 from ..state.store import Store
 from ..support.failures import describe
 from ..support.terminal import Column, fit
-from ..wire.broker import Broker, connection_errors
+from ..wire.connection import Broker, connection_errors
 from ..wire.queues import QueueSession
 
 REFRESH = 1.0

@@ -1,6 +1,6 @@
 """The AMQP errors the embedded broker raises, worded as RabbitMQ words them.
 
-Callers (broker.py, kombu's retry logic, users reading a log) already know
+Callers (wire/connection.py, kombu's retry logic, users reading a log) already know
 py-amqp's exceptions and RabbitMQ's reply texts; raising the same classes
 with the same texts lets them treat both brokers alike.
 """

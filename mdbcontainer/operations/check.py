@@ -67,7 +67,7 @@ def verify_services(settings: Settings) -> list[str]:
 
 
 def _verify_broker(settings: Settings) -> str | None:
-    from ..wire.broker import Broker
+    from ..wire.connection import Broker
 
     broker = Broker(settings)
     if broker.is_embedded:  # a file of ours: nothing to refuse

@@ -39,8 +39,9 @@ from ..state.history import record_cli
 from ..support.crash import crash_point
 from ..support.failures import describe
 from ..support.outgoing import Outgoing
-from ..wire.broker import Broker, Publisher, connection_errors
+from ..wire.connection import Broker, connection_errors
 from ..wire.delivery import Delivery, HeldMessages
+from ..wire.publisher import Publisher
 from ..wire.queues import Browsed, QueueSession
 
 ORIGINAL_DESTINATION = "x-mdb-original-destination"

@@ -17,7 +17,7 @@ included, so no stale owner ever has to time out (a row in a database would).
 from __future__ import annotations
 
 from ..errors import MdbError
-from ..wire.broker import Broker
+from ..wire.connection import Broker
 from ..wire.ownership import OwnerLock, in_use
 from ..wire.queues import QueueSession
 

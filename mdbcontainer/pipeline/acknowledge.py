@@ -45,8 +45,9 @@ from ..state.counts import DeliveryCounter
 from ..support.crash import crash_point
 from ..support.failures import describe
 from ..units.single import ClientAcknowledgment
-from ..wire.broker import Capabilities, Subscription
+from ..wire.connection import Capabilities
 from ..wire.delivery import Delivery
+from ..wire.subscription import Subscription
 
 log = logging.getLogger("mdbcontainer.acknowledge")
 

@@ -30,8 +30,9 @@ from ..support.retry import DEFAULT as RETRY
 from ..units.async_single import AsyncResources, AsyncUnitOfWork, async_resources, async_unit_class, dispose
 from ..units.context import MessageContext
 from ..units.single import Outcome, is_infrastructure
-from ..wire.broker import Subscription, connection_errors
+from ..wire.connection import connection_errors
 from ..wire.delivery import Delivery
+from ..wire.subscription import Subscription
 from .loop import Watchdog, WriteGate
 from .single import _GAVE_UP, ConsumerView, Pipeline, PortView
 

@@ -58,8 +58,9 @@ from ..units.async_single import AsyncUnitOfWork, async_resources, async_unit_cl
 from ..units.batch import BatchItem, BatchOutcome, BatchRunner
 from ..units.context import MessageContext
 from ..units.single import Outcome, claims_first
-from ..wire.broker import Publish, connection_errors
+from ..wire.connection import connection_errors
 from ..wire.delivery import Delivery
+from ..wire.publisher import Publish
 from .async_single import AsyncPipeline
 from .single import _GAVE_UP, ConsumerView, Pipeline, PortView
 

@@ -21,7 +21,7 @@ from ..state.store import Store
 from ..support.failures import describe
 from ..support.logs import fields
 from ..units.single import TransactionResources
-from ..wire.broker import Broker, Capabilities
+from ..wire.connection import Broker, Capabilities
 
 log = logging.getLogger("mdbcontainer.resources")
 

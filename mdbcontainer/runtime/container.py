@@ -34,8 +34,9 @@ from ..support.failures import describe
 from ..support.logs import fields
 from ..support.retry import DEFAULT as RETRY
 from ..units.single import database_refused, is_infrastructure
-from ..wire.broker import Broker, Publisher
+from ..wire.connection import Broker
 from ..wire.delays import wait_queues
+from ..wire.publisher import Publisher
 from .endpoints import OperationsServer
 from .port import ListenerPort
 

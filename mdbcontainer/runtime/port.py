@@ -26,7 +26,7 @@ import tenacity
 
 from ..errors import SubscriptionInUse
 from ..handlers.registry import HandlerSpec, Running
-from ..pipeline.acknowledge import acknowledger_for, check_mode
+from ..pipeline.acknowledge import Acknowledger, acknowledger_for, check_mode
 from ..pipeline.async_single import AsyncPipeline
 from ..pipeline.batch import pipeline_for
 from ..pipeline.resources import SharedResources
@@ -40,7 +40,9 @@ from ..support.logs import fields
 from ..support.outgoing import Outgoing
 from ..support.retry import DEFAULT as RETRY
 from ..support.retry import RetryPolicy
-from ..wire.broker import Publisher, Subscription, connection_errors
+from ..wire.connection import connection_errors
+from ..wire.publisher import Publisher
+from ..wire.subscription import Subscription
 
 log = logging.getLogger("mdbcontainer.port")
 
@@ -430,13 +432,22 @@ class PortConsumer:
         if isinstance(pipeline, AsyncPipeline):  # its event loop reads the connection (and stops)
             pipeline.drive(sub, self._should_run)
         stop, resources = self.port.stop_event, self.port.resources  # _should_run, once a delivery
+        # A pipeline that gathers nothing and an acknowledgment mode with nothing to do between
+        # drains are not asked, once a delivery, whether they have something to do.
+        kind = type(pipeline)
+        gathers = kind.wait_limit is not Pipeline.wait_limit or kind.due is not Pipeline.due
+        ticks = type(self.acks).tick is not Acknowledger.tick
         while not stop.is_set() and not resources.shutting_down:
             self.alive_at = time.monotonic()
-            sub.drain(pipeline.wait_limit(0.5))
-            if pipeline.due():  # a lingered batch may run longer than two heartbeats
-                with sub.between_reads():
-                    pipeline.tick()
-            self.acks.tick()
+            if not gathers:
+                sub.drain(0.5)
+            else:
+                sub.drain(pipeline.wait_limit(0.5))
+                if pipeline.due():  # a lingered batch may run longer than two heartbeats
+                    with sub.between_reads():
+                        pipeline.tick()
+            if ticks:
+                self.acks.tick()
         pipeline.hand_back_gathered()
         self._hand_back_all(sub)
 

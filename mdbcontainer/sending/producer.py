@@ -14,7 +14,8 @@ from ..errors import RequestTimeout
 from ..message import Message
 from ..settings import Settings, parse_duration
 from ..support.outgoing import Outgoing, outgoing
-from ..wire.broker import Broker, Publisher
+from ..wire.connection import Broker
+from ..wire.publisher import Publisher
 
 
 class Producer:

@@ -29,7 +29,7 @@ from typing import Protocol
 from ..errors import MdbError, RequestTimeout, TransactionError
 from ..message import JSON, TEXT, InvalidBody, Message
 from ..settings import PortSettings
-from ..wire.broker import Broker
+from ..wire.connection import Broker
 from ..wire.delivery import Delivery, envelope
 from ..wire.queues import ReplyQueue
 

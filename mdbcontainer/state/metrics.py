@@ -65,6 +65,22 @@ class Tally:
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
 
+    def handled(self, seconds: float, timestamp: Any) -> None:
+        """A handled delivery: its outcome, its time in the unit of work and its end-to-end latency,
+        in one call (the ``none`` port's first deliveries, ``pipeline/single.py``)."""
+        self.outcomes["handled"] += 1
+        handler = self.handler
+        handler.counts[bisect_left(handler.bounds, seconds)] += 1
+        handler.sum += seconds
+        if type(timestamp) is int:  # py-amqp's epoch seconds
+            latency = self.latency
+            value = time.time() - timestamp
+            value = value if value > 0.0 else 0.0  # a producer's clock may run ahead
+            latency.counts[bisect_left(latency.bounds, value)] += 1
+            latency.sum += value
+        elif timestamp is not None:
+            self.end_to_end(timestamp)
+
     def end_to_end(self, timestamp: Any) -> None:
         """Observe now minus the message's AMQP timestamp; a message without one is skipped."""
         if timestamp is None:

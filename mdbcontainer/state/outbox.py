@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 from ..errors import PublishError
 from ..support.crash import crash_point
 from ..support.outgoing import Outgoing
-from ..wire.broker import Broker, Publish, Publisher
+from ..wire.connection import Broker
+from ..wire.publisher import Publish, Publisher
 from .store import Store, utcnow
 
 log = logging.getLogger("mdbcontainer.outbox")

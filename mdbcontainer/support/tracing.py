@@ -198,6 +198,11 @@ _OFF_PORT = _OffPort()
 OFF: Tracing = _Off()
 
 
+def is_off(port: PortTracing) -> bool:
+    """Whether a port's hooks are those of tracing off (a hot path may then skip calling them)."""
+    return port is _OFF_PORT
+
+
 def tracing_for(settings: Settings) -> Tracing:
     """:data:`OFF` unless ``[container] tracing`` is on; then the OpenTelemetry SDK, set up once.
 

@@ -277,7 +277,7 @@ class UnitOfWork:
             if self.rollback_only:
                 raise RollbackOnly
         except Exception as exc:
-            return _failure(exc)
+            return failure(exc)
         return Outcome("handled", direct=list(self._sends))
 
 
@@ -307,7 +307,7 @@ class ContainerManaged(UnitOfWork):
             crash_point("after-commit")
             return Outcome("handled", pending=pending)
         except Exception as exc:
-            return _failure(exc)
+            return failure(exc)
         finally:
             session.close()
             self.session = None
@@ -384,14 +384,18 @@ class BeanManaged(UnitOfWork):
         except DuplicateMessage:
             return Outcome("duplicate")
         except Exception as exc:
-            return _failure(exc)
+            return failure(exc)
         return Outcome("handled", pending=self._pending, direct=self._after_tx)
 
 
-def _failure(exc: BaseException) -> Outcome:
+def failure(exc: BaseException) -> Outcome:
+    """The outcome of a unit of work whose handler (or commit) raised ``exc``."""
     if is_infrastructure(exc):
         return Outcome("infrastructure", exc)
     return Outcome("failed", exc)
+
+
+_failure = failure  # the batch units' name for it
 
 
 def unit_class(transaction: str, attribute: str) -> type[UnitOfWork]:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from amqp.exceptions import ConnectionForced
 
 log = logging.getLogger("mdbcontainer.heartbeat")
+get_ident = threading.get_ident
 T = TypeVar("T")
 
 
@@ -110,7 +111,7 @@ class Heartbeat:
         """:meth:`reading` around ``call(*args)``, without a generator: a consumer drains once
         per delivery."""
         with self.lock:
-            holder, self._holder = self._holder, threading.get_ident()
+            holder, self._holder = self._holder, get_ident()
             was_away, self._away = self._away, False
             try:
                 self.tick()
@@ -134,16 +135,19 @@ class Heartbeat:
 
     def away_for(self, call: Callable[[T], None], argument: T) -> None:
         """:meth:`away` around one call, without a generator: the consumer's once per delivery."""
-        if self._holder != threading.get_ident():
+        if self._holder != get_ident():
             call(argument)
             return
         was_away, self._away = self._away, True
         self._holder = None
-        self.lock.release()
+        lock = self.lock
+        lock.release()
         try:
             call(argument)
-        finally:
-            self._come_back(was_away)
+        finally:  # _come_back, inline
+            lock.acquire()
+            self._away, self._holder = was_away, get_ident()
+            self._heard_at = time.monotonic()  # what arrived meanwhile is read next
 
     def _come_back(self, was_away: bool) -> None:
         self.lock.acquire()

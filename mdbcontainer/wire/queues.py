@@ -22,7 +22,7 @@ from typing import Any
 import kombu
 from amqp.exceptions import NotFound
 
-from .broker import Broker, connection_errors
+from .connection import Broker, connection_errors
 from .delivery import Delivery, HeldMessages, body_bytes
 
 # Properties of a delivery that say how it was delivered, not what was sent.

@@ -243,7 +243,8 @@ def _metrics(backend: Backend, settings: Path) -> str:
 def test_publish_many_confirms_together_and_names_the_one_message_not_routed(
     backend: Backend,
 ) -> None:
-    from mdbcontainer.wire.broker import Broker, Publish, Publisher
+    from mdbcontainer.wire.connection import Broker
+    from mdbcontainer.wire.publisher import Publish, Publisher
 
     queue = backend.q("MANY")
     settings = backend.write(ports={"Work": {"destination": queue}})

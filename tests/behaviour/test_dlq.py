@@ -20,7 +20,8 @@ import pytest
 from sqlalchemy import delete
 
 from mdbcontainer.testing import mdb, wait_for, write_settings
-from mdbcontainer.wire.broker import Broker, Publisher
+from mdbcontainer.wire.connection import Broker
+from mdbcontainer.wire.publisher import Publisher
 from tests.conftest import Backend, one_line_error
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,8 @@ import pytest
 from mdbcontainer.state.outbox import RELAY_LOCK, Outbox
 from mdbcontainer.state.store import Store
 from mdbcontainer.support.outgoing import Outgoing
-from mdbcontainer.wire.broker import Broker, Publisher
+from mdbcontainer.wire.connection import Broker
+from mdbcontainer.wire.publisher import Publisher
 from tests.conftest import Backend
 
 

@@ -159,7 +159,7 @@ def test_an_outage_is_logged_once_though_each_consumer_notices_it_on_its_own(
     those late reports are the same outage, unless the connection stays lost."""
     from mdbcontainer.pipeline import resources as module
     from mdbcontainer.settings import settings_from_dict
-    from mdbcontainer.wire.broker import Broker
+    from mdbcontainer.wire.connection import Broker
 
     monkeypatch.setattr(module, "OUTAGE_ECHO", 0.3)
     settings = settings_from_dict({"container": {"database_url": f"sqlite:///{tmp_path / 'c.db'}"}})

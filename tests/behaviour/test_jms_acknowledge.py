@@ -30,6 +30,28 @@ def crashing(backend: Backend, settings: Path, point: str) -> ContainerProcess:
     return ContainerProcess(settings, env=env, cwd=ROOT)
 
 
+# -- auto, no transaction: a first delivery's flat path (pipeline/single.py) ----------
+
+
+@pytest.mark.parametrize(("point", "twice"), [("before-handler", []), ("in-handler", [2]),
+                                              ("after-ack", [])])
+def test_auto_without_a_transaction_crashing_at_a_first_delivery_step_redelivers_what_was_not_acked(
+        backend: Backend, point: str, twice: list[int]) -> None:
+    """The crash points of a first delivery on a ``none`` port are where they always were: a kill
+    before the handler loses nothing, in it runs the handler again, after the ack does not."""
+    queue = backend.q("AUTO")
+    settings = jms_settings(backend, queue, transaction="none", prefetch=20)
+    send(backend, settings, queue, [{"n": n} for n in range(1, 5)])
+    with crashing(backend, settings, f"{point}:2").start(wait=False) as container:
+        assert container.wait_exit(60) != 0, "killed itself at the crash point"
+    with backend.container(settings):
+        wait_for(lambda: backend.probe(settings).count(queue) == 0, what="every message handled")
+        wait_for(lambda: sorted(set(seen(backend))) == [1, 2, 3, 4], what="all four seen")
+    assert sorted(seen(backend)) == sorted([1, 2, 3, 4, *twice])
+    redelivered = [r for r in records(backend.log) if r["redelivered"]]
+    assert {r["n"] for r in redelivered} >= set(twice)
+
+
 # -- client ---------------------------------------------------------------------------
 
 

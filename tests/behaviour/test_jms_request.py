@@ -38,7 +38,7 @@ def test_a_request_gets_its_reply_through_a_temporary_queue(backend: Backend, tr
 def queue_exists(backend: Backend, settings: Path, name: str) -> bool:
     from amqp.exceptions import NotFound
 
-    from mdbcontainer.wire.broker import Broker
+    from mdbcontainer.wire.connection import Broker
 
     conn = Broker(backend.settings(settings)).connect()
     try:

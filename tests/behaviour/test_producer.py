@@ -13,7 +13,7 @@ from mdbcontainer.message import InvalidBody, decode_body
 from mdbcontainer.settings import Settings
 from mdbcontainer.support.outgoing import outgoing
 from mdbcontainer.testing import mdb
-from mdbcontainer.wire.broker import Broker
+from mdbcontainer.wire.connection import Broker
 from mdbcontainer.wire.delivery import Delivery
 from tests.conftest import RABBITMQ_URL, Backend, one_line_error
 

@@ -24,7 +24,8 @@ from amqp.method_framing import frame_writer
 from mdbcontainer.errors import SettingsError
 from mdbcontainer.settings import mask_url, settings_from_dict
 from mdbcontainer.testing import headers_of, mdb, wait_for, write_settings
-from mdbcontainer.wire.broker import Broker, Publisher
+from mdbcontainer.wire.connection import Broker
+from mdbcontainer.wire.publisher import Publisher
 from tests.conftest import CHILD_ENV, RABBITMQ_URL, Backend
 
 
@@ -152,7 +153,7 @@ def test_a_queue_on_a_node_that_is_down_is_an_outage_not_a_refusal() -> None:
     """RabbitMQ's words are all there is to tell a node that is down from a wrong request."""
     from amqp.exceptions import NotFound, PreconditionFailed
 
-    from mdbcontainer.wire.broker import node_down
+    from mdbcontainer.wire.connection import node_down
 
     down = NotFound("NOT_FOUND - home node 'rabbit@mq2' of durable queue 'Q' in vhost '/' is down "
                     "or inaccessible", (50, 10), "Queue.declare")

@@ -19,7 +19,7 @@ from sqlalchemy import exc as sa_exc
 from mdbcontainer.state.store import Tables
 from mdbcontainer.testing import headers_of, mdb, wait_for
 from mdbcontainer.units.single import is_infrastructure
-from mdbcontainer.wire.broker import Broker
+from mdbcontainer.wire.connection import Broker
 from tests.conftest import ROOT, Backend, one_line_error
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,109 @@
+"""A consumer's AMQP frames read in bulk: one ``recv`` for many deliveries.
+
+py-amqp reads a frame with three ``recv`` calls (its header, its payload,
+its end octet), each in a socket timeout it sets and sets back: for a
+delivery (method, header and body frames) nine ``recv`` and six
+``settimeout`` system calls, where the broker has usually sent the next
+dozens of deliveries already. A consumer thread reading its connection
+(``Subscription.drain``) reads here instead: whatever the socket holds, up
+to :data:`CHUNK` bytes, without waiting (``MSG_DONTWAIT`` on the blocking
+socket: one system call, no ``poll`` first), and cuts the frames out of it;
+only when not one whole frame is left does it wait for the socket, within
+the drain's timeout. On a busy queue that is one system call for a dozen
+deliveries or more.
+
+The bytes read and not yet cut into frames stay in py-amqp's own read
+buffer (``transport._read_buffer``), and each frame is taken out of it
+before it is handled: py-amqp's own reads (a transacted channel's
+``tx.commit``, a cancel) go on from exactly where this one stopped, and the
+other way round. Each frame goes to py-amqp's frame handler, as its
+``blocking_read`` would send it (the connection counts it there, so the
+heartbeat sees it). A transport this does not know (TLS keeps its own
+buffer) or a socket not in blocking mode is read by py-amqp as before.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from struct import Struct
+from typing import Any
+
+from amqp.exceptions import UnexpectedFrame
+from amqp.transport import TCPTransport
+
+CHUNK = 4096  # bytes per read: a dozen small deliveries; each frame cut out copies the rest once
+_HEADER = Struct(">BHI")  # frame type, channel, payload size
+_FRAME_END = 0xCE
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+
+
+def read_until_method(amqp_conn: Any, timeout: float) -> None:
+    """Read frames until a method frame came (a delivery's is handled then), or ``timeout`` is up.
+
+    Not py-amqp's drain_events: it reads on until a method frame comes, each
+    broker heartbeat starting its timeout again, so on a quiet queue it can hold
+    the lock for ever and our own heartbeats stop (the broker then closes us).
+    """
+    transport = amqp_conn.transport
+    sock = getattr(transport, "sock", None)
+    if not _DONTWAIT or type(transport) is not TCPTransport or sock is None or sock.gettimeout() is not None:
+        _by_py_amqp(amqp_conn, timeout)
+        return
+    handle = amqp_conn.on_inbound_frame
+    unpack = _HEADER.unpack_from
+    deadline = 0.0
+    while True:
+        buffer = transport._read_buffer
+        size = len(buffer)
+        if size >= 8:
+            frame_type, channel, length = unpack(buffer)
+            end = 7 + length
+            if size > end:
+                if buffer[end] != _FRAME_END:
+                    raise UnexpectedFrame(f"Received frame_end {buffer[end]:#04x} while expecting 0xce")
+                transport._read_buffer = buffer[end + 1:]  # taken out before anything reads on
+                if handle((frame_type, channel, buffer[7:end])):
+                    return
+                continue
+            wanted = max(CHUNK, end + 1 - size)
+        else:
+            wanted = CHUNK
+        try:
+            data = sock.recv(wanted, _DONTWAIT)
+        except BlockingIOError:  # nothing has come: wait for it, as py-amqp would
+            if not deadline:
+                deadline = time.monotonic() + timeout
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError() from None
+            data = _wait_for(transport, sock, wanted, left)
+        except OSError:
+            transport.connected = False
+            raise
+        if not data:
+            transport.connected = False
+            raise OSError("Server unexpectedly closed connection")
+        transport._read_buffer += data
+
+
+def _wait_for(transport: Any, sock: socket.socket, wanted: int, seconds: float) -> bytes:
+    """One ``recv`` that waits up to ``seconds`` (socket.timeout when nothing came)."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(wanted)
+    except TimeoutError:
+        raise
+    except OSError:
+        transport.connected = False
+        raise
+    finally:
+        sock.settimeout(None)
+
+
+def _by_py_amqp(amqp_conn: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not amqp_conn.blocking_read(timeout):
+        timeout = deadline - time.monotonic()
+        if timeout <= 0:
+            return
