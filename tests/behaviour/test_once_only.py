@@ -103,6 +103,16 @@ class Run:
         return all(probe.count(q) == 0 for q in (*self.queues.values(), self.down, self.poison))
 
 
+    def missing(self) -> str:
+        """What a drain that never came still lacks: work and sends not committed, messages left."""
+        done = self.backend.effects()
+        lacking = sorted(self.expected() - set(done))
+        probe = self.backend.probe(self.settings)
+        left = {q: probe.count(q) for q in (*self.queues.values(), self.down, self.poison)}
+        return (f"{len(lacking)} effects missing {lacking[:8]}, outbox rows {self.outbox_backlog()}, "
+                f"ready messages {left}")
+
+
 def setup_case(backend: Backend, ports: tuple[str, ...], batch_size: int = 1) -> Run:
     down, poison = backend.q("DOWN"), backend.q("POISON")
     queues = {port: backend.q(f"WORK-{port}") for port in ports}
@@ -185,8 +195,11 @@ def send_poison_mid_traffic(run: Run, poison_id: str) -> None:
 def run_to_completion(run: Run) -> None:
     """A container without a crash point until everything drained, then a graceful stop."""
     with run.container() as container:
-        wait_for(lambda: holds_twice(run.drained), timeout=90, interval=0.5,
-                 what="the queues and the outbox to drain")
+        try:
+            wait_for(lambda: holds_twice(run.drained), timeout=90, interval=0.5,
+                     what="the queues and the outbox to drain")
+        except AssertionError as timeout:
+            raise AssertionError(f"{timeout}; {run.missing()}") from None
         assert container.terminate() == 0
 
 
