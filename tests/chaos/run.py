@@ -107,6 +107,12 @@ class Plan:
     def full(cls, seed: int) -> Plan:
         return cls(seed, 5000, 10, "restart", rate=50.0)
 
+    @classmethod
+    def restart(cls, seed: int) -> Plan:
+        """The full run's faults (a RabbitMQ restart among SIGKILLs) at 2000 messages and 5 kills:
+        the test suite's run, where the whole suite waits on it; ``make chaos`` runs the full one."""
+        return cls(seed, 2000, 5, "restart", rate=50.0)
+
 
 @dataclass
 class Workload:
