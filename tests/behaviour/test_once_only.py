@@ -29,8 +29,10 @@ at the points a batch adds, the same way.
 
 from __future__ import annotations
 
+import importlib
 import random
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -246,6 +248,29 @@ def assert_once_and_only_once(run: Run) -> None:
 def backed_out(run: Run) -> Counter[str]:
     dead = run.backend.probe(run.settings).take_all(run.backend.q("DLQ"))
     return Counter(str(m.properties["message_id"]) for m in dead)
+
+
+def test_a_crash_point_named_for_a_port_counts_and_kills_on_that_ports_consumers_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the matrix below relies on (``point@Port:K``, support/crash.py)."""
+    from mdbcontainer.support import crash
+
+    kills: list[str] = []
+    monkeypatch.setenv("MDB_CRASH_AT", "in-handler@Work:2")
+    monkeypatch.setattr(crash.os, "kill", lambda pid, sig: kills.append(threading.current_thread().name))
+    importlib.reload(crash)
+    try:
+        for thread, point in [("mdb-AsyncWork-0", "in-handler"), ("mdb-Bean-1", "in-handler"),
+                              ("mdb-Work-0", "after-commit"), ("MainThread", "in-handler"),
+                              ("mdb-Work-0", "in-handler"), ("mdb-Bean-0", "in-handler"),
+                              ("mdb-Work-3", "in-handler")]:
+            hit = threading.Thread(target=crash.crash_point, args=(point,), name=thread)
+            hit.start()
+            hit.join()
+        assert kills == ["mdb-Work-3"], "the second hit on a consumer of Work, and only that"
+    finally:
+        monkeypatch.undo()
+        importlib.reload(crash)
 
 
 @pytest.mark.parametrize("point", DELIVERY_POINTS)
