@@ -7,6 +7,12 @@ third time the step is reached. With ``MDB_CRASH_ONCE_FILE`` set, the crash
 happens only while that file does not exist (it is created just before the
 kill), so a restarted container runs on.
 
+``MDB_CRASH_AT=after-commit@Work:3`` counts only the hits on port ``Work``'s
+consumer threads (named ``mdb-<port>-<index>``, runtime/port.py; an async
+port's deliveries run on its consumer thread's own loop), so one process
+hosting several ports can be killed exactly at the point of the one named,
+with the others' deliveries in flight wherever they are.
+
 The variable is read once at import; with it unset, a crash point costs one
 comparison.
 """
@@ -33,7 +39,9 @@ POINTS = (
 )
 
 _spec = os.environ.get("MDB_CRASH_AT", "")
-_name, _, _nth = _spec.partition(":")
+_point, _, _nth = _spec.partition(":")
+_name, _, _port = _point.partition("@")
+_thread = f"mdb-{_port}"
 _target = int(_nth) if _nth.isdigit() else 1
 _once = os.environ.get("MDB_CRASH_ONCE_FILE")
 _hits = 0
@@ -45,6 +53,8 @@ def crash_point(name: str) -> None:
     """SIGKILL this process if the test switch names ``name`` (a no-op otherwise)."""
     global _hits
     if name != _name:
+        return
+    if _port and threading.current_thread().name.rpartition("-")[0] != _thread:
         return
     with _lock:
         _hits += 1

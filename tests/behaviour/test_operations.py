@@ -501,7 +501,9 @@ def test_a_handler_past_handler_timeout_fails_healthz_shows_stuck_and_warns_once
         wait_for(lambda: backend.effects("Work"), what="a handler within its timeout")
         assert probe(port, "/healthz")[0] == 200
         with backend.producer(settings) as producer:
-            producer.send(queue, {"n": 2, "action": "sleep", "seconds": 15}, message_id="hung-1")
+            # Hung until the checks below are done: it waits for the file ``go`` (at most 60 s).
+            reached, go = backend.tmp / "hung-reached", backend.tmp / "hung-go"
+            producer.send(queue, {"n": 2, "pause": [str(reached), str(go)]}, message_id="hung-1")
         wait_for(lambda: probe(port, "/healthz")[0] == 503, timeout=7, what="/healthz to fail")
         status, body = probe(port, "/healthz")
         assert status == 503 and body["status"] == "not alive", body
@@ -522,7 +524,8 @@ def test_a_handler_past_handler_timeout_fails_healthz_shows_stuck_and_warns_once
         table = mdb("ports", settings=settings, env=backend.env).stdout
         assert " stuck " in table.splitlines()[1] + " ", table
         assert "Work stuck: consumer 0 in its handler for" in table and "message hung-1" in table
-        wait_for(lambda: probe(port, "/healthz")[0] == 200, timeout=25, what="/healthz back")
+        go.touch()
+        wait_for(lambda: probe(port, "/healthz")[0] == 200, timeout=10, what="/healthz back")
         wait_for(lambda: backend.effects("Work")["hung-1"] == 1, what="the hung message handled")
         warnings = [line for line in container.output().splitlines()
                     if "WARNING" in line and "handler stuck" in line]

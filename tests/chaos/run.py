@@ -2,14 +2,15 @@
 
     python -m tests.chaos.run [--full] [--seed N]       (make chaos: --full)
 
-A producer sends the messages (1000; 5000 with ``--full``), some of them
+A producer sends the messages (1200; 5000 with ``--full``), some of them
 twice with the same id, 1% poison (their handler always raises) and 2% flaky
-(their first two deliveries fail, then they succeed), to two
+(their first two deliveries fail, then they succeed), to the
 listener ports of 4 consumers each in one ``mdb run``: ``Work``
-(container-managed) and ``Bean`` (bean-managed), both once-only, each
-handling a good message with a business row and an outbox send to a third
-port, ``Downstream`` (once-only, container-managed). The queues of ``Work`` and
-``Bean`` have a redelivery delay (1 s, doubling, at most 4 s), so a failed
+(container-managed) and ``Bean`` (bean-managed), and in the short run also
+their ``async def`` kinds ``AsyncWork`` and ``AsyncBean``, all once-only, each
+handling a good message with a business row and an outbox send to one more
+port, ``Downstream`` (once-only, container-managed). The work ports' queues
+have a redelivery delay (1 s, doubling, at most 4 s), so a failed
 message waits on a wait queue, through kills and broker faults too. Meanwhile the driver, at
 random moments drawn from the seed, SIGKILLs the container and restarts it
 (3 times; 10 with ``--full``), breaks the broker once (the short run closes
@@ -56,6 +57,8 @@ from tests.chaos import faults
 from tests.conftest import ROOT, Backend, reachable
 
 PORTS = ("Work", "Bean")
+ALL_PORTS = (*PORTS, "AsyncWork", "AsyncBean")  # the async kinds, tests/apps/async*.py
+CONTAINER_MANAGED = {"Work", "AsyncWork"}  # the others are bean-managed
 # A SIGKILL counts one failed delivery against every message the killed process
 # held, prefetched ones included (README: Guarantees). Faults come a slot of
 # progress apart, and what a killed process held comes first to the next one,
@@ -93,16 +96,22 @@ class Plan:
     poison_share: float = 0.01
     flaky_share: float = 0.02  # good messages whose first two deliveries fail
     db_outage: float = 5.0
-    # The container-managed and the bean-managed port; ("AsyncWork", "AsyncBean"): async def handlers.
-    ports: tuple[str, str] = PORTS
+    # The work ports: Work and AsyncWork container-managed, Bean and AsyncBean bean-managed.
+    ports: tuple[str, ...] = PORTS
 
     @classmethod
-    def short(cls, seed: int, ports: tuple[str, str] = PORTS) -> Plan:
-        return cls(seed, 1000, 3, "close", rate=40.0, ports=ports)
+    def short(cls, seed: int, ports: tuple[str, ...] = ALL_PORTS) -> Plan:
+        return cls(seed, 1200, 3, "close", rate=48.0, ports=ports)
 
     @classmethod
     def full(cls, seed: int) -> Plan:
         return cls(seed, 5000, 10, "restart", rate=50.0)
+
+    @classmethod
+    def restart(cls, seed: int) -> Plan:
+        """The full run's faults (a RabbitMQ restart among SIGKILLs) at 2000 messages and 5 kills:
+        the test suite's run, where the whole suite waits on it; ``make chaos`` runs the full one."""
+        return cls(seed, 2000, 5, "restart", rate=50.0)
 
 
 @dataclass
@@ -116,7 +125,7 @@ class Workload:
     duplicated: list[str]
     order: list[str]
     flaky: set[str] = field(default_factory=set)
-    ports: tuple[str, str] = PORTS
+    ports: tuple[str, ...] = PORTS
 
     def body(self, message_id: str) -> dict[str, Any]:
         n = int(message_id[2:])
@@ -139,7 +148,7 @@ class Workload:
 
 def make_workload(plan: Plan, rng: random.Random, queues: dict[str, str], down: str) -> Workload:
     ids = [f"c-{i:05d}" for i in range(plan.messages)]
-    port_of = {m: plan.ports[i % 2] for i, m in enumerate(ids)}
+    port_of = {m: plan.ports[i % len(plan.ports)] for i, m in enumerate(ids)}
     poison = set(rng.sample(ids, round(plan.messages * plan.poison_share)))
     duplicated = rng.sample(ids, round(plan.messages * plan.duplicate_share))
     order = list(ids)
@@ -178,7 +187,7 @@ class ChaosRun:
         self._produced = threading.Event()
         self._producer_error: list[str] = []
         self.findings: list[str] = []  # checks made on the way, reported at the end
-        self.waits: list[str] = []  # the wait queues of Work's and Bean's queues
+        self.waits: list[str] = []  # the wait queues of the work ports' queues
 
     # -- the run ------------------------------------------------------------
 
@@ -222,7 +231,7 @@ class ChaosRun:
         w = self.workload
         ports: dict[str, Any] = {
             p: {"destination": w.queues[p], "concurrency": CONCURRENCY, "prefetch": PREFETCH,
-                "max_retries": MAX_RETRIES, "transaction": "container" if p == w.ports[0] else "bean"}
+                "max_retries": MAX_RETRIES, "transaction": "container" if p in CONTAINER_MANAGED else "bean"}
             for p in w.ports
         }
         ports["Downstream"] = {"destination": w.down, "concurrency": CONCURRENCY,
