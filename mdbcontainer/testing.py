@@ -127,10 +127,11 @@ class ContainerProcess:
         self.log_path = log_path or self.settings_path.with_suffix(".log")
         self.proc: subprocess.Popen[bytes] | None = None
         # The database as rows() reads it, opened on the first poll and kept while the process
-        # runs: a poll every 0.2 s with an engine (and a connection) of its own cost more CPU
-        # than the container it watched.
-        self._control: Control | None = None
+        # runs (a poll every 0.2 s with an engine and a connection of its own cost more CPU than
+        # the container it watched); closed when the process ends, or with this object.
+        self._database: list[Control] = []  # at most one; a list the finalizer can empty
         self._tables = False  # the container's tables exist (they are never dropped under it)
+        weakref.finalize(self, _dispose_all, self._database)
 
     def start(self, wait: bool = True, timeout: float = 30.0) -> ContainerProcess:
         self._close_database()  # a restarted process may find its database file made anew
@@ -155,9 +156,8 @@ class ContainerProcess:
         return self.proc.pid
 
     def _close_database(self) -> None:
-        control, self._control, self._tables = self._control, None, False
-        if control is not None:
-            control.store.dispose()
+        _dispose_all(self._database)
+        self._tables = False
 
     def rows(self) -> list[dict[str, Any]]:
         """This process's ports as ``mdb ports --json`` shows them.
@@ -165,18 +165,18 @@ class ContainerProcess:
         No rows before the container has created its tables; any other error (a wrong
         database URL, a lost server) raises instead of passing for "no ports yet".
         """
-        if self._control is None:
+        if not self._database:
             # A relative SQLite path is resolved by load_settings; the pre-ping replaces a kept
             # connection that a test's fault (or a restarted server) ended, rather than raise.
             engine = make_engine(self.settings.container.database_url, pool_pre_ping=True)
-            self._control = Control(Store(self.settings.container, engine=engine))
-        store = self._control.store
+            self._database.append(Control(Store(self.settings.container, engine=engine)))
+        control = self._database[0]
         if not self._tables:
-            table = store.tables.container
-            if not inspect(store.engine).has_table(table.name, schema=table.schema):
+            table = control.store.tables.container
+            if not inspect(control.store.engine).has_table(table.name, schema=table.schema):
                 return []
             self._tables = True
-        rows = self._control.live(control_interval=self.settings.container.control_interval)
+        rows = control.live(control_interval=self.settings.container.control_interval)
         return [r for r in rows if r["container"].split(":")[-2] == str(self.pid)]
 
     def wait_started(self, timeout: float = 30.0, ports: list[str] | None = None) -> None:
@@ -306,3 +306,8 @@ class QueueProbe:
 def _close_all(sessions: list[QueueSession]) -> None:
     while sessions:
         sessions.pop().close()
+
+
+def _dispose_all(databases: list[Control]) -> None:
+    while databases:
+        databases.pop().store.dispose()
