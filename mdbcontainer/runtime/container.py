@@ -236,7 +236,11 @@ class Container:
             return 0
         if started is not None:
             started()
-        self._stop.wait()  # a signal sets it
+        # A signal sets it. Never an untimed wait: a signal the kernel hands to another thread
+        # only flags its Python handler, which runs when this (main) thread wakes next; an
+        # untimed wait slept through SIGTERM for good.
+        while not self._stop.wait(0.5):
+            pass
         self.stop()
         log.info("container %s stopped", self.id)
         return 0
