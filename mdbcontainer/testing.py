@@ -12,20 +12,24 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import inspect
 
 from .settings import Settings, load_settings
 from .state.control import Control
 from .state.store import Store, make_engine
-from .wire.connection import Broker
+from .wire.connection import Broker, connection_errors
 from .wire.delivery import Delivery
 from .wire.queues import QueueSession
+
+T = TypeVar("T")
 
 
 def dump_toml(data: dict[str, Any]) -> str:
@@ -122,8 +126,15 @@ class ContainerProcess:
         self.cwd = cwd or self.settings_path.parent
         self.log_path = log_path or self.settings_path.with_suffix(".log")
         self.proc: subprocess.Popen[bytes] | None = None
+        # The database as rows() reads it, opened on the first poll and kept while the process
+        # runs (a poll every 0.2 s with an engine and a connection of its own cost more CPU than
+        # the container it watched); closed when the process ends, or with this object.
+        self._database: list[Control] = []  # at most one; a list the finalizer can empty
+        self._tables = False  # the container's tables exist (they are never dropped under it)
+        weakref.finalize(self, _dispose_all, self._database)
 
     def start(self, wait: bool = True, timeout: float = 30.0) -> ContainerProcess:
+        self._close_database()  # a restarted process may find its database file made anew
         args = [*self.prefix, sys.executable, "-m", "mdbcontainer", "run", "-c", str(self.settings_path)]
         for port in self.ports:
             args += ["--port", port]
@@ -144,9 +155,9 @@ class ContainerProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def _store(self) -> Store:
-        """The container's database (a relative SQLite path is resolved by load_settings)."""
-        return Store(self.settings.container, engine=make_engine(self.settings.container.database_url))
+    def _close_database(self) -> None:
+        _dispose_all(self._database)
+        self._tables = False
 
     def rows(self) -> list[dict[str, Any]]:
         """This process's ports as ``mdb ports --json`` shows them.
@@ -154,15 +165,19 @@ class ContainerProcess:
         No rows before the container has created its tables; any other error (a wrong
         database URL, a lost server) raises instead of passing for "no ports yet".
         """
-        store = self._store()
-        try:
-            table = store.tables.container
-            if not inspect(store.engine).has_table(table.name, schema=table.schema):
+        if not self._database:
+            # A relative SQLite path is resolved by load_settings; the pre-ping replaces a kept
+            # connection that a test's fault (or a restarted server) ended, rather than raise.
+            engine = make_engine(self.settings.container.database_url, pool_pre_ping=True)
+            self._database.append(Control(Store(self.settings.container, engine=engine)))
+        control = self._database[0]
+        if not self._tables:
+            table = control.store.tables.container
+            if not inspect(control.store.engine).has_table(table.name, schema=table.schema):
                 return []
-            rows = Control(store).live(control_interval=self.settings.container.control_interval)
-            return [r for r in rows if r["container"].split(":")[-2] == str(self.pid)]
-        finally:
-            store.dispose()
+            self._tables = True
+        rows = control.live(control_interval=self.settings.container.control_interval)
+        return [r for r in rows if r["container"].split(":")[-2] == str(self.pid)]
 
     def wait_started(self, timeout: float = 30.0, ports: list[str] | None = None) -> None:
         """Wait until every port (or the given ones) shows ``started``; fail early if the process died."""
@@ -192,18 +207,24 @@ class ContainerProcess:
         """SIGTERM, then wait; returns the exit code."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        self._close_database()
+        return code
 
     def kill(self) -> int:
         """SIGKILL: the crash the guarantees must survive."""
         assert self.proc is not None
         with suppress(ProcessLookupError):
             self.proc.kill()
-        return self.proc.wait(30)
+        code = self.proc.wait(30)
+        self._close_database()
+        return code
 
     def wait_exit(self, timeout: float = 60.0) -> int:
         assert self.proc is not None
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        self._close_database()
+        return code
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -214,6 +235,7 @@ class ContainerProcess:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if self.alive():
             self.kill()
+        self._close_database()
         if exc_type is not None:  # shown by pytest with the failure
             print(f"--- output of mdb run ({self.settings_path}) ---\n{self.output()[-6000:]}")
 
@@ -223,21 +245,27 @@ class QueueProbe:
 
     A queue that does not exist raises (the broker's NOT_FOUND), as does any other
     error: a misspelt name must not pass for an empty queue.
+
+    :meth:`exists` and :meth:`count`, polled in loops, share one connection kept by
+    the probe (a connection per poll cost the broker more than the poll); it closes
+    with :meth:`close` or when the probe is dropped. A kept connection found dead is
+    replaced once, as a fresh one would have been.
     """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.broker = Broker(settings)
+        self._kept: list[QueueSession] = []  # at most one; a list the finalizer can empty
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _close_all, self._kept)
 
     def exists(self, queue: str) -> bool:
         """Whether ``queue`` exists: to wait for a queue the container declares when it first sends."""
-        with QueueSession(self.broker) as queues:
-            return queues.exists(queue)
+        return self._read(lambda queues: queues.exists(queue))
 
     def count(self, queue: str) -> int:
         """Messages ready on ``queue``."""
-        with QueueSession(self.broker) as queues:
-            return queues.status(queue).messages
+        return self._read(lambda queues: queues.status(queue).messages)
 
     def take_all(self, queue: str, limit: int = 100_000) -> list[Delivery]:
         """Consume and acknowledge every ready message of ``queue`` (for assertions at the end)."""
@@ -248,3 +276,38 @@ class QueueProbe:
         """Drop every ready message of ``queue``."""
         with QueueSession(self.broker) as queues:
             queues.purge(queue)
+
+    def close(self) -> None:
+        """Close the kept connection (a later read opens another)."""
+        with self._lock:
+            _close_all(self._kept)
+
+    def _read(self, read: Callable[[QueueSession], T]) -> T:
+        """``read`` on the kept session; another thread's call meanwhile takes a session of its own."""
+        if not self._lock.acquire(blocking=False):
+            with QueueSession(self.broker) as queues:
+                return read(queues)
+        try:
+            if self._kept:
+                try:
+                    return read(self._kept[0])
+                except connection_errors():  # died while kept (a heartbeat missed, a broker restart)
+                    _close_all(self._kept)
+            self._kept.append(QueueSession(self.broker))
+            try:
+                return read(self._kept[0])
+            except connection_errors():
+                _close_all(self._kept)
+                raise
+        finally:
+            self._lock.release()
+
+
+def _close_all(sessions: list[QueueSession]) -> None:
+    while sessions:
+        sessions.pop().close()
+
+
+def _dispose_all(databases: list[Control]) -> None:
+    while databases:
+        databases.pop().store.dispose()

@@ -70,6 +70,9 @@ class Backend:
             self.broker_url = f"embedded://{tmp / 'broker.db'}"
             self.database_url = f"sqlite:///{tmp / 'container.db'}"
         self.queues: set[str] = set()
+        # One probe per settings file (and content), so that a wait_for polling
+        # ``backend.probe(path).count(q)`` reuses the probe's broker connection.
+        self._probes: dict[tuple[Path, str], QueueProbe] = {}
         self.engine = create_engine(self.database_url)
         self._create_business_tables()
 
@@ -134,7 +137,10 @@ class Backend:
         return Producer.from_settings(self.settings(path))
 
     def probe(self, path: Path) -> QueueProbe:
-        return QueueProbe(self.settings(path))
+        key = (path, path.read_text())  # a settings file written anew gets a probe of its own
+        if key not in self._probes:
+            self._probes[key] = QueueProbe(self.settings(path))
+        return self._probes[key]
 
     def effects(self, port: str | None = None) -> Counter[str]:
         table = self.metadata.tables[f"{self.schema}.effects" if self.schema else "effects"]
@@ -162,6 +168,8 @@ class Backend:
                 if line.split("\t")[1] == message_id]
 
     def close(self) -> None:
+        for probe in self._probes.values():
+            probe.close()
         if self.kind == "rabbitmq":
             _delete_queues(self.queues)
             with self.engine.begin() as conn:

@@ -12,8 +12,16 @@ type-only import of a higher layer is still a circle a reader has to untangle.
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+
+from mdbcontainer.testing import write_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mdbcontainer"
@@ -158,3 +166,37 @@ def test_operations_return_data_and_only_the_cli_prints() -> None:
     modules = sorted(_module(f) for f in (PACKAGE / "operations").rglob("*.py")
                      if printing.search(f.read_text()))
     assert modules == []
+
+
+# What each command may not import: ``mdb`` is run in scripts and loops, and each
+# of these is a tenth of a second or more of every call (the runtime, the
+# pipelines, the ORM, the web console; for ``mdb send``, SQLAlchemy at all).
+SLOW_FOR_THE_CLI = ("mdbcontainer.runtime", "mdbcontainer.pipeline", "mdbcontainer.console",
+                    "sqlalchemy.orm", "prometheus_client")
+
+
+@pytest.mark.parametrize(("args", "forbidden"), [
+    (["send", "Q", '{"n": 1}'], (*SLOW_FOR_THE_CLI, "sqlalchemy", "mdbcontainer.state")),
+    (["port", "stop", "Work"], SLOW_FOR_THE_CLI),
+    (["ports", "--json"], (*SLOW_FOR_THE_CLI, "mdbcontainer.handlers")),
+])
+def test_a_cli_command_imports_only_what_it_needs(tmp_path: Path, args: list[str],
+                                                  forbidden: tuple[str, ...]) -> None:
+    settings = write_settings(tmp_path / "settings.toml", {
+        "container": {"broker_url": f"embedded://{tmp_path / 'broker.db'}",
+                      "database_url": f"sqlite:///{tmp_path / 'container.db'}",
+                      "listeners": ["tests.apps.work"]},
+        "queues": {"Q": {}}, "ports": {"Work": {"destination": "Q"}},
+    })
+    listing = tmp_path / "modules.json"
+    code = ("import atexit, json, sys\n"
+            f"atexit.register(lambda: open({str(listing)!r}, 'w').write(json.dumps(sorted(sys.modules))))\n"
+            "from mdbcontainer.cli.main import main\n"
+            f"sys.argv = ['mdb', *{[*args, '-c', str(settings)]!r}]\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    imported = json.loads(listing.read_text())
+    slow = [m for m in imported if any(m == f or m.startswith(f + ".") for f in forbidden)]
+    assert not slow, f"mdb {' '.join(args)} imported {slow}"

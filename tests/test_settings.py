@@ -137,7 +137,7 @@ def test_passwords_are_masked() -> None:
 
 
 def test_bind_errors_are_one_line(tmp_path: Path) -> None:
-    from mdbcontainer.runtime.container import bind
+    from mdbcontainer.handlers.binding import bind
 
     missing = settings_from_dict({"container": {"listeners": ["no.such.module"]}})
     with pytest.raises(ListenerError, match="listener module 'no.such.module' not found"):
@@ -154,7 +154,7 @@ def test_bind_errors_are_one_line(tmp_path: Path) -> None:
 
 
 def test_inline_defaults_are_overridden_key_by_key() -> None:
-    from mdbcontainer.runtime.container import bind
+    from mdbcontainer.handlers.binding import bind
 
     settings = settings_from_dict({
         "container": {"listeners": ["tests.apps.bean"]},
@@ -186,7 +186,7 @@ def test_an_error_from_an_environment_variable_names_the_variable(tmp_path: Path
 
 
 def test_a_combination_the_environment_made_names_file_and_variable(tmp_path: Path) -> None:
-    from mdbcontainer.runtime.container import bind
+    from mdbcontainer.handlers.binding import bind
 
     path = write(tmp_path, '[container]\nlisteners = ["tests.apps.work"]\n'
                            '[ports.Work]\ndestination = "W"\nonce_only = true\n')
@@ -197,7 +197,7 @@ def test_a_combination_the_environment_made_names_file_and_variable(tmp_path: Pa
 
 
 def test_a_missing_listener_module_names_the_settings_file(tmp_path: Path) -> None:
-    from mdbcontainer.runtime.container import bind
+    from mdbcontainer.handlers.binding import bind
 
     path = write(tmp_path, '[container]\nlisteners = ["listeners.nope"]\n')
     with pytest.raises(ListenerError) as err:
@@ -208,7 +208,7 @@ def test_a_missing_listener_module_names_the_settings_file(tmp_path: Path) -> No
 
 
 def test_a_misspelled_port_in_a_decorator_gets_a_did_you_mean(tmp_path: Path) -> None:
-    from mdbcontainer.runtime.container import bind
+    from mdbcontainer.handlers.binding import bind
 
     module = f"pay_{tmp_path.name.replace('-', '_')}"  # unique: never a cached module of another test
     (tmp_path / f"{module}.py").write_text(

@@ -197,9 +197,9 @@ def refuse_wrong_logins(settings: Settings) -> None:
 def check(config: ConfigOption = None) -> None:
     """Validate the settings, import the listeners, connect to the broker and the database;
     warn about risky poison-message settings."""
+    from ..handlers.binding import bind
     from ..operations.check import verify_services, warnings_for
     from ..pipeline.acknowledge import check_mode
-    from ..runtime.container import bind
     from ..state.metadata import load_metadata
     from ..wire.connection import Broker
 

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ..errors import DlqError
-from ..operations import dlq
-from ..operations.ports import DedupPurge, PortRequest, batch_figures
-from ..pipeline.backout import REASON_INVALID
-from ..settings import Settings
 from ..support.terminal import Column, fit
+
+if TYPE_CHECKING:  # each printer imports what it prints: mdb port stop needs no backout queue
+    from ..operations import dlq
+    from ..operations.ports import DedupPurge, PortRequest
+    from ..settings import Settings
 
 # -- mdb ports, mdb port, mdb dedup ------------------------------------------------------
 
@@ -61,6 +62,8 @@ def print_ports(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
+    from ..operations.ports import batch_figures
+
     if key == "state" and row.get("stuck"):  # a handler past handler_timeout: it needs a restart
         return "stuck"
     if key == "since":
@@ -101,6 +104,8 @@ LIST_COLUMNS = (
 
 def print_dlq_list(name: str, letters: list[dlq.DeadLetter], total: int, as_json: bool) -> None:
     """``mdb dlq list``: a table that fits the terminal, or one JSON document."""
+    from ..operations import dlq
+
     more = (f"{name}: the first {len(letters)} of {total} message(s) shown (--limit N shows more)"
             if total > len(letters) else "")
     if as_json:
@@ -131,6 +136,8 @@ def _short_time(stamp: str | None) -> str | None:
 
 def print_dlq_show(letters: list[dlq.DeadLetter], as_json: bool, full: bool = False) -> None:
     """``mdb dlq show``: every header, the full exception, the body (its start, unless ``full``)."""
+    from ..operations import dlq
+
     if as_json:
         typer.echo(dlq.dumps([d.to_json() for d in letters]))
         return
@@ -139,12 +146,16 @@ def print_dlq_show(letters: list[dlq.DeadLetter], as_json: bool, full: bool = Fa
 
 def preview(text: str, full: bool) -> str:
     """A body as a terminal can take it: its first BODY_PREVIEW characters, saying what is left out."""
+    from ..operations import dlq
+
     if full or len(text) <= dlq.BODY_PREVIEW:
         return text
     return f"{text[:dlq.BODY_PREVIEW]}… ({len(text) - dlq.BODY_PREVIEW:,} more characters: --full shows them)"
 
 
 def _describe(d: dlq.DeadLetter, full: bool = False) -> str:
+    from ..operations import dlq
+
     body, encoding = dlq.decode_for_display(d.body, d.content_type)
     lines = [f"message {d.id} on {d.queue}", "properties:", f"  content_type: {d.content_type}"]
     lines += [f"  {k}: {v}" for k, v in sorted(d.properties.items()) if k != "content_type"]
@@ -162,6 +173,9 @@ def _describe(d: dlq.DeadLetter, full: bool = False) -> str:
 
 def print_replay(settings: Settings, result: dlq.ReplayResult, queue: str | None, to: str | None) -> None:
     """``mdb dlq replay``: how many moved; a missing id or a refused publish is exit 1."""
+    from ..operations import dlq
+    from ..pipeline.backout import REASON_INVALID
+
     typer.echo(f"replayed {result.replayed} message(s)")
     if result.invalid and to is None:  # back to the same handler, the body fails again: warn
         typer.echo(

@@ -34,8 +34,8 @@ from starlette.templating import Jinja2Templates
 
 from ..errors import MdbError
 from ..operations import dlq
-from ..runtime.endpoints import STOPPED_BY_OPERATOR
 from ..settings import Settings, format_duration
+from ..state.control import STOPPED_BY_OPERATOR
 from ..state.history import History
 from ..state.store import Store
 from ..support.failures import describe

@@ -12,7 +12,7 @@ from ..errors import BrokerUnavailable, SettingsError
 from ..settings import Settings, mask_url
 
 if TYPE_CHECKING:
-    from ..runtime.container import Binding
+    from ..handlers.binding import Binding
 
 
 def warnings_for(settings: Settings, bindings: list[Binding]) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ListenerError
 from ..settings import Settings, format_duration, parse_duration
-from ..state.control import Control
+from ..state.control import STOPPED_BY_OPERATOR, Control
 from ..state.dedup import Dedup
 from ..state.history import record_cli
 from ..state.store import Store
@@ -58,8 +58,7 @@ class DedupPurge:
 
 def switch_port(settings: Settings, name: str, state: str) -> PortRequest:
     """Ask every running container (and the ones started later) to put port ``name`` in ``state``."""
-    from ..runtime.container import bind
-    from ..runtime.endpoints import STOPPED_BY_OPERATOR
+    from ..handlers.binding import bind
 
     known = {b.name for b in bind(settings)}
     if name not in known:

@@ -33,14 +33,17 @@ import logging
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..errors import MdbError
-from ..pipeline.resources import SharedResources
-from ..settings import Settings
-from .port import ListenerPort
+from ..state.control import STOPPED_BY_OPERATOR
+
+if TYPE_CHECKING:
+    from ..pipeline.resources import SharedResources
+    from ..settings import Settings
+    from .port import ListenerPort
 
 log = logging.getLogger("mdbcontainer.endpoints")
 
@@ -56,8 +59,6 @@ class Observed(Protocol):
 
     @property
     def threads(self) -> list[threading.Thread]: ...
-# The reason ``mdb port stop`` writes; such a port is stopped as configured.
-STOPPED_BY_OPERATOR = "stopped by mdb port stop"
 JSON = "application/json"
 
 

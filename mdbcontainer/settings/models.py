@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .durations import Duration
 
@@ -268,10 +267,16 @@ class PortSettings(PortFields):
         return ""
 
 
-class Settings(BaseSettings):
-    """The whole settings file, after environment overrides."""
+class Settings(BaseModel):
+    """The whole settings file, after environment overrides.
 
-    model_config = SettingsConfigDict(extra="forbid", frozen=True)
+    A plain pydantic model: load_settings() merges the file and the environment itself,
+    matching port and queue names case-insensitively (pydantic-settings' environment
+    source would lowercase them and create new ports), so pydantic-settings, a tenth of
+    a second of every ``mdb`` start, is not imported. Defaults are validated, as there.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     container: ContainerSettings = Field(default_factory=ContainerSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
@@ -284,20 +289,6 @@ class Settings(BaseSettings):
     source: str = Field(default="<defaults>", exclude=True)
     # Key paths the environment set, so that a later error (at bind time) names the variable.
     overrides: Overrides = Field(default_factory=dict, exclude=True)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The file and the environment are merged by load_settings(), which must
-        # match port and queue names case-insensitively; pydantic-settings' own env
-        # source would lowercase them and create new ports instead.
-        return (init_settings,)
 
     def queue(self, name: str) -> QueueSettings:
         """The properties of queue ``name``: its table, or the defaults."""

@@ -25,6 +25,8 @@ from sqlalchemy import delete, select, update
 from .store import Store, utcnow
 
 STALE_AFTER = timedelta(seconds=10)
+# The reason ``mdb port stop`` writes; such a port is stopped as configured (``/readyz``).
+STOPPED_BY_OPERATOR = "stopped by mdb port stop"
 
 
 @dataclass(frozen=True)

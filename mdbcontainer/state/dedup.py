@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ARRAY, String, bindparam, cast, delete, exists, func, select, text
-from sqlalchemy.orm import Session
 
 from .store import Store, utcnow
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger("mdbcontainer.dedup")
 

@@ -14,10 +14,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.orm import Session
 
 from ..errors import PublishError
 from ..support.crash import crash_point
@@ -25,6 +24,9 @@ from ..support.outgoing import Outgoing
 from ..wire.connection import Broker
 from ..wire.publisher import Publish, Publisher
 from .store import Store, utcnow
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger("mdbcontainer.outbox")
 

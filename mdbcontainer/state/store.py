@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 import tenacity
@@ -30,15 +33,14 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
 
 from ..settings import ContainerSettings
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.orm import Session, sessionmaker
 
 
 def utcnow() -> datetime:
@@ -311,9 +313,19 @@ class Store:
         self.url = settings.database_url
         self.timeout = settings.database_timeout
         self.tables = Tables.build(settings.table_prefix, settings.db_schema)
-        self.sessions = sessionmaker(bind=self.engine, expire_on_commit=False)
         self.dialect = self.engine.dialect.name
         self._local = threading.local()
+        # The dialect's ON CONFLICT insert; only that dialect's module (the engine loaded it).
+        dialect = "postgresql" if self.dialect == "postgresql" else "sqlite"
+        self._insert: Callable[[Table], Any] = import_module(f"sqlalchemy.dialects.{dialect}").insert
+
+    @cached_property
+    def sessions(self) -> sessionmaker[Session]:
+        """The session factory, made on first use: the ORM is a tenth of a second to import, and
+        a command (``mdb ports``, ``mdb port stop``) or a port without transactions never needs it."""
+        from sqlalchemy.orm import sessionmaker
+
+        return sessionmaker(bind=self.engine, expire_on_commit=False)
 
     def create_tables(self) -> None:
         """Create the container's tables where missing (idempotent, safe from several processes)."""
@@ -338,7 +350,7 @@ class Store:
 
     def insert(self, table: Table) -> Any:
         """The dialect's INSERT, the one with ``ON CONFLICT`` (PostgreSQL and SQLite alike)."""
-        return postgresql.insert(table) if self.dialect == "postgresql" else sqlite.insert(table)
+        return self._insert(table)
 
     def session(self) -> Session:
         """This thread's Session, reused across deliveries (each unit of work closes it after use).
