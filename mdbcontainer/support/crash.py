@@ -9,7 +9,9 @@ kill), so a restarted container runs on.
 
 ``MDB_CRASH_AT=after-commit@Work:3`` counts only the hits on port ``Work``'s
 consumer threads (named ``mdb-<port>-<index>``, runtime/port.py; an async
-port's deliveries run on its consumer thread's own loop), so one process
+port's deliveries run on its consumer thread's own loop; a batch that runs
+on its consumer's batch worker, pipeline/batch.py, on a thread named
+``mdb-<port>-<index>-batch_0``), so one process
 hosting several ports can be killed exactly at the point of the one named,
 with the others' deliveries in flight wherever they are.
 
@@ -20,6 +22,7 @@ comparison.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -41,7 +44,8 @@ POINTS = (
 _spec = os.environ.get("MDB_CRASH_AT", "")
 _point, _, _nth = _spec.partition(":")
 _name, _, _port = _point.partition("@")
-_thread = f"mdb-{_port}"
+# A consumer thread of the port, or its batch worker.
+_thread = re.compile(rf"mdb-{re.escape(_port)}-\d+(-batch_\d+)?")
 _target = int(_nth) if _nth.isdigit() else 1
 _once = os.environ.get("MDB_CRASH_ONCE_FILE")
 _hits = 0
@@ -54,7 +58,7 @@ def crash_point(name: str) -> None:
     global _hits
     if name != _name:
         return
-    if _port and threading.current_thread().name.rpartition("-")[0] != _thread:
+    if _port and not _thread.fullmatch(threading.current_thread().name):
         return
     with _lock:
         _hits += 1

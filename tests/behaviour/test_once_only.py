@@ -263,11 +263,13 @@ def test_a_crash_point_named_for_a_port_counts_and_kills_on_that_ports_consumers
         for thread, point in [("mdb-AsyncWork-0", "in-handler"), ("mdb-Bean-1", "in-handler"),
                               ("mdb-Work-0", "after-commit"), ("MainThread", "in-handler"),
                               ("mdb-Work-0", "in-handler"), ("mdb-Bean-0", "in-handler"),
-                              ("mdb-Work-3", "in-handler")]:
+                              ("mdb-BatchWork-0", "in-handler"), ("mdb-Work-0-x", "in-handler"),
+                              ("mdb-Work-1-batch_0", "in-handler"), ("mdb-Work-3", "in-handler")]:
             hit = threading.Thread(target=crash.crash_point, args=(point,), name=thread)
             hit.start()
             hit.join()
-        assert kills == ["mdb-Work-3"], "the second hit on a consumer of Work, and only that"
+        assert kills == ["mdb-Work-1-batch_0", "mdb-Work-3"], (
+            "from the second hit on a consumer of Work or its batch worker on, and only those")
     finally:
         monkeypatch.undo()
         importlib.reload(crash)
