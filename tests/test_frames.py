@@ -126,3 +126,30 @@ def test_a_socket_with_a_timeout_of_its_own_is_read_by_py_amqp() -> None:
         frames.read_until_method(conn, 1.0)
         assert conn.frames == [(3, 1, b"body"), (1, 1, b"m")]
         assert conn.transport.read_frame() == (1, 1, b"later"), "py-amqp read only what it needed"
+
+
+def test_an_event_loop_read_handles_every_whole_frame_and_leaves_a_cut_one_for_later() -> None:
+    """read_ready (an async port's consumer, woken by its loop): what has come, no waiting."""
+    with connected() as (conn, broker):
+        whole = frame(1, b"deliver") + frame(2, b"header") + frame(3, b"body")
+        cut = frame(1, b"next-deliver")
+        broker.sendall(whole + cut[:5])
+        time.sleep(0.05)
+        started = time.monotonic()
+        assert frames.read_ready(conn, 1000) == 3
+        assert time.monotonic() - started < 0.5, "nothing more on the socket: no wait"
+        assert conn.frames == [(1, 1, b"deliver"), (2, 1, b"header"), (3, 1, b"body")]
+        assert frames.read_ready(conn, 1000) == 0, "half a frame is not handled"
+        broker.sendall(cut[5:] + frame(3, b"more"))
+        time.sleep(0.05)
+        assert frames.read_ready(conn, 1) == 1, "the limit holds"
+        assert conn.frames[-1] == (1, 1, b"next-deliver")
+        assert conn.transport.read_frame() == (3, 1, b"more"), "py-amqp's own reader goes on from here"
+
+
+def test_an_event_loop_read_of_a_closed_socket_raises() -> None:
+    with connected() as (conn, broker):
+        broker.close()
+        with pytest.raises(OSError):
+            frames.read_ready(conn, 1000)
+        assert conn.transport.connected is False

@@ -87,6 +87,52 @@ def read_until_method(amqp_conn: Any, timeout: float) -> None:
         transport._read_buffer += data
 
 
+def read_ready(amqp_conn: Any, limit: int) -> int | None:
+    """Handle the frames that have already arrived, up to ``limit``, without waiting.
+
+    For an event loop's consumer, woken because the socket is readable: one
+    ``recv`` for what the socket holds instead of py-amqp's three reads and two
+    timeouts per frame. Returns the frames handled, or None where this reader
+    does not apply (TLS, a socket with a timeout): the caller then reads through
+    py-amqp.
+    """
+    transport: Any = getattr(amqp_conn, "transport", None)
+    sock = getattr(transport, "sock", None)
+    if not _DONTWAIT or type(transport) is not TCPTransport or sock is None or sock.gettimeout() is not None:
+        return None
+    handle = amqp_conn.on_inbound_frame
+    unpack = _HEADER.unpack_from
+    read = 0
+    while read < limit:
+        buffer = transport._read_buffer
+        size = len(buffer)
+        if size >= 8:
+            frame_type, channel, length = unpack(buffer)
+            end = 7 + length
+            if size > end:
+                if buffer[end] != _FRAME_END:
+                    raise UnexpectedFrame(f"Received frame_end {buffer[end]:#04x} while expecting 0xce")
+                transport._read_buffer = buffer[end + 1:]  # taken out before anything reads on
+                handle((frame_type, channel, buffer[7:end]))
+                read += 1
+                continue
+            wanted = max(CHUNK, end + 1 - size)
+        else:
+            wanted = CHUNK
+        try:
+            data = sock.recv(wanted, _DONTWAIT)
+        except BlockingIOError:  # nothing more has come
+            return read
+        except OSError:
+            transport.connected = False
+            raise
+        if not data:
+            transport.connected = False
+            raise OSError("Server unexpectedly closed connection")
+        transport._read_buffer += data
+    return read
+
+
 def _wait_for(transport: Any, sock: socket.socket, wanted: int, seconds: float) -> bytes:
     """One ``recv`` that waits up to ``seconds`` (socket.timeout when nothing came)."""
     sock.settimeout(seconds)

@@ -20,7 +20,7 @@ from ..errors import QueueUnavailable
 from ..support.failures import describe
 from .connection import Broker, node_down
 from .delivery import Delivery
-from .frames import read_until_method
+from .frames import read_ready, read_until_method
 from .heartbeat import Heartbeat, outside, using
 from .ownership import OwnerLock, in_use
 from .publisher import prepare
@@ -159,6 +159,10 @@ class Subscription:
         cut in two is completed (py-amqp keeps the part it read).
         """
         assert self.conn is not None
+        with using(self._beat):
+            fast = read_ready(self.conn.connection, limit)
+        if fast is not None:
+            return fast
         read = 0
         with using(self._beat), suppress(socket.timeout, TimeoutError):
             while read < limit:
