@@ -25,6 +25,7 @@ buffer) or a socket not in blocking mode is read by py-amqp as before.
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from struct import Struct
 from typing import Any
@@ -45,46 +46,11 @@ def read_until_method(amqp_conn: Any, timeout: float) -> None:
     broker heartbeat starting its timeout again, so on a quiet queue it can hold
     the lock for ever and our own heartbeats stop (the broker then closes us).
     """
-    transport = amqp_conn.transport
-    sock = getattr(transport, "sock", None)
-    if not _DONTWAIT or type(transport) is not TCPTransport or sock is None or sock.gettimeout() is not None:
+    sock = _bulk_socket(amqp_conn)
+    if sock is None:
         _by_py_amqp(amqp_conn, timeout)
         return
-    handle = amqp_conn.on_inbound_frame
-    unpack = _HEADER.unpack_from
-    deadline = 0.0
-    while True:
-        buffer = transport._read_buffer
-        size = len(buffer)
-        if size >= 8:
-            frame_type, channel, length = unpack(buffer)
-            end = 7 + length
-            if size > end:
-                if buffer[end] != _FRAME_END:
-                    raise UnexpectedFrame(f"Received frame_end {buffer[end]:#04x} while expecting 0xce")
-                transport._read_buffer = buffer[end + 1:]  # taken out before anything reads on
-                if handle((frame_type, channel, buffer[7:end])):
-                    return
-                continue
-            wanted = max(CHUNK, end + 1 - size)
-        else:
-            wanted = CHUNK
-        try:
-            data = sock.recv(wanted, _DONTWAIT)
-        except BlockingIOError:  # nothing has come: wait for it, as py-amqp would
-            if not deadline:
-                deadline = time.monotonic() + timeout
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError() from None
-            data = _wait_for(transport, sock, wanted, left)
-        except OSError:
-            transport.connected = False
-            raise
-        if not data:
-            transport.connected = False
-            raise OSError("Server unexpectedly closed connection")
-        transport._read_buffer += data
+    _pump(amqp_conn, sock, limit=sys.maxsize, until_method=True, timeout=timeout)
 
 
 def read_ready(amqp_conn: Any, limit: int) -> int | None:
@@ -96,12 +62,34 @@ def read_ready(amqp_conn: Any, limit: int) -> int | None:
     does not apply (TLS, a socket with a timeout): the caller then reads through
     py-amqp.
     """
-    transport: Any = getattr(amqp_conn, "transport", None)
+    sock = _bulk_socket(amqp_conn)
+    if sock is None:
+        return None
+    return _pump(amqp_conn, sock, limit=limit, until_method=False, timeout=None)
+
+
+def _bulk_socket(amqp_conn: Any) -> socket.socket | None:
+    """The blocking plain-TCP socket this reader can read, or None (py-amqp reads then)."""
+    transport = getattr(amqp_conn, "transport", None)
     sock = getattr(transport, "sock", None)
     if not _DONTWAIT or type(transport) is not TCPTransport or sock is None or sock.gettimeout() is not None:
         return None
+    return sock  # type: ignore[no-any-return]
+
+
+def _pump(amqp_conn: Any, sock: socket.socket, *, limit: int, until_method: bool,
+          timeout: float | None) -> int:
+    """Cut whole frames out of py-amqp's read buffer and hand each to its frame handler,
+    reading the socket without waiting when none is whole; return the frames handled.
+
+    Stops after ``limit`` frames, after a method frame when ``until_method``, and
+    when the socket has nothing more: at once with ``timeout`` None, else after
+    waiting up to ``timeout`` seconds for it (TimeoutError).
+    """
+    transport = amqp_conn.transport
     handle = amqp_conn.on_inbound_frame
     unpack = _HEADER.unpack_from
+    deadline = 0.0
     read = 0
     while read < limit:
         buffer = transport._read_buffer
@@ -113,16 +101,24 @@ def read_ready(amqp_conn: Any, limit: int) -> int | None:
                 if buffer[end] != _FRAME_END:
                     raise UnexpectedFrame(f"Received frame_end {buffer[end]:#04x} while expecting 0xce")
                 transport._read_buffer = buffer[end + 1:]  # taken out before anything reads on
-                handle((frame_type, channel, buffer[7:end]))
                 read += 1
+                if handle((frame_type, channel, buffer[7:end])) and until_method:
+                    return read
                 continue
             wanted = max(CHUNK, end + 1 - size)
         else:
             wanted = CHUNK
         try:
             data = sock.recv(wanted, _DONTWAIT)
-        except BlockingIOError:  # nothing more has come
-            return read
+        except BlockingIOError:  # nothing has come: done, or wait for it as py-amqp would
+            if timeout is None:
+                return read
+            if not deadline:
+                deadline = time.monotonic() + timeout
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError() from None
+            data = _wait_for(transport, sock, wanted, left)
         except OSError:
             transport.connected = False
             raise
