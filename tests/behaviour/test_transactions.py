@@ -100,6 +100,10 @@ def test_set_rollback_only_discards_the_work_and_the_sends_and_redelivers(backen
     with backend.container(settings):
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
         wait_for(lambda: probe.exists(out) and probe.count(out) == 1, what="the committed send")
+        # The committed send's row leaves once its publish is confirmed (a moment after the
+        # message arrives); a rolled-back send's row, had one been written, never would.
+        wait_for(lambda: outbox_backlog(backend) == 0, timeout=10,
+                 what="no outbox row left: the rolled-back send wrote none")
     assert counts_of(backend, "undone") == [0, 1]
     assert backend.effects() == {"done": 1}
     assert [m.properties["message_id"] for m in backend.probe(settings).take_all(out)] == ["done.out"]
@@ -120,6 +124,8 @@ def test_an_exception_rolls_back_the_bean_managed_transaction(backend: Backend) 
     with backend.container(settings):
         wait_for(lambda: backend.probe(settings).count(backend.q("DLQ")) == 1, what="backout")
         wait_for(lambda: probe.exists(out) and probe.count(out) == 1, what="the committed send")
+        wait_for(lambda: outbox_backlog(backend) == 0, timeout=10,
+                 what="no outbox row left: the rolled-back send wrote none")
     # The handler ran again on the redelivery: its dedup mark was rolled back too.
     assert counts_of(backend, "undone") == [0, 1]
     assert backend.effects("Bean") == {"done": 1}
