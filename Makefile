@@ -21,12 +21,14 @@ run: $(STAMP)
 	$(BIN)/mdb run -c settings.example.toml
 
 ## every test: unit, embedded transport, RabbitMQ and PostgreSQL (disruptive ones last, alone).
-## Two workers; the tests that build network namespaces or start RabbitMQ nodes share one
-## xdist group (one worker, one at a time). The ten slowest tests are printed at the end.
+## Three workers on two cores: most tests wait on a process, a broker or a database, and two
+## workers left the cores a third idle. The tests that build network namespaces or start
+## RabbitMQ nodes share one xdist group (one worker, one at a time). The ten slowest tests
+## are printed at the end.
 test: $(STAMP)
 	$(BIN)/ruff check mdbcontainer listeners tests benchmarks samples
 	$(BIN)/mypy
-	$(BIN)/pytest -m "not disruptive" -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not disruptive" -n 3 --dist loadgroup $(PYTEST_ARGS)
 	$(BIN)/pytest -m disruptive -p no:randomly $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 
 lint: $(STAMP)

@@ -249,7 +249,7 @@ def embedded(tmp_path: Path) -> Any:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest work first, so that no worker starts it last while the other idles.
 
-    Under ``-n 2 --dist loadgroup`` the ``hosts`` group (network namespaces,
+    Under ``-n 3 --dist loadgroup`` the ``hosts`` group (network namespaces,
     RabbitMQ nodes) is one unit of several minutes on one worker, then come
     the ``slow`` tests; within each kind the collection order stays (a stable
     sort).

@@ -1,4 +1,4 @@
-"""The per-delivery path's cheap forms keep what a user sees (issue 23).
+"""The per-delivery path's cheap forms keep what a user sees.
 
 The envelope reads its rarely used fields from the wire only when asked,
 and outcomes are counted per consumer in plain integers added up at scrape

@@ -1,10 +1,10 @@
-"""The chaos run in the test suite (tests/chaos/run.py; issue 6, point 1).
+"""The chaos run in the test suite (tests/chaos/run.py).
 
 The short run (1200 messages to the ports of both transaction kinds, def and
 async def, in one container; 3 SIGKILLs, the container's broker connections
 closed by the broker, PostgreSQL refusing the container for 5 s) runs with
 the other slow tests: its faults touch only its own container. The run with
-a broker restart (2000 messages, 5 SIGKILLs, a RabbitMQ stop_app/start_app)
+a broker restart (1200 messages, 3 SIGKILLs, a RabbitMQ stop_app/start_app)
 stops the broker, so it is ``disruptive``: alone, last, while the rest of the
 suite waits. ``make chaos`` runs the full one (5000 messages, 10 SIGKILLs) by
 itself. The seed is random and printed; ``MDB_CHAOS_SEED=N`` replays a run.

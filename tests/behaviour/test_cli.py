@@ -451,7 +451,7 @@ def test_dash_h_is_help_on_every_command() -> None:
         assert short.output == long.output, path
 
 
-# -- bad input of every kind: one line, exit 1 or 2, never a traceback (issue 12 item 8) --------
+# -- bad input of every kind: one line, exit 1 or 2, never a traceback ------------------------
 
 BAD_INPUT: list[tuple[str, list[str], dict[str, str], int, str]] = [
     # (case id, arguments ({good}, {tmp} filled in), environment, exit code, the culprit named)
@@ -574,7 +574,7 @@ def test_every_bad_input_is_one_line_without_traceback(
 
 
 def test_a_body_file_that_is_not_utf8_is_one_line(good: Path, tmp_path: Path) -> None:
-    """The report of issue 12, as a user runs it: a subprocess, through ``python -m mdbcontainer``."""
+    """The reported failure, as a user runs it: a subprocess, through ``python -m mdbcontainer``."""
     (tmp_path / "latin1.json").write_bytes('{"name": "Müller"}'.encode("latin-1"))
     result = mdb("send", "WORK", f"@{tmp_path / 'latin1.json'}", settings=good, env=CHILD_ENV)
     assert result.returncode == 2
@@ -699,7 +699,7 @@ def test_ports_watch_is_readable_at_the_terminal_width(width: int) -> None:
     assert "reason: message m-1 failed 1 time(s): RuntimeError: boom" in " ".join(" ".join(table).split())
 
 
-# -- one exception tree (issue 13) ---------------------------------------------------------------
+# -- one exception tree -------------------------------------------------------------------------
 
 
 def test_every_error_a_user_meets_is_in_the_tree_and_exported() -> None:

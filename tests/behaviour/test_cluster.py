@@ -1,4 +1,4 @@
-"""A RabbitMQ cluster losing the node that leads the work queue (issue 11; README: Running in production).
+"""A RabbitMQ cluster losing the node that leads the work queue (README: Running in production).
 
 Three nodes started by the test (tests/chaos/cluster.py), the container
 connected with ``broker_url`` naming all three separated by ``;``, quorum
@@ -7,7 +7,7 @@ load, the node leading the work queue is killed with SIGKILL: the container
 fails over to another node, nothing is lost, nothing is applied twice, and the
 durable subscription and the backout queue keep working. A classic queue that
 lived on the dead node cannot be declared until the node is back: its port
-waits that out as an outage (issue 11 saw it stop for good), and consumes
+waits that out as an outage (it used to stop for good), and consumes
 again once the node has been restarted.
 """
 

@@ -1,4 +1,4 @@
-"""Containers on other hosts, behind links that go silent (issue 11; README: Running in production).
+"""Containers on other hosts, behind links that go silent (README: Running in production).
 
 A container runs on a test host (a network namespace, see tests/chaos/hosts.py)
 and holds prefetched deliveries, one of them in its handler with its dedup

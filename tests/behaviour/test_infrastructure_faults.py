@@ -1,4 +1,4 @@
-"""Transient infrastructure faults are not poison (issue 6, point 2; README: Guarantees).
+"""Transient infrastructure faults are not poison (README: Guarantees).
 
 A lost database or broker connection during a delivery is the infrastructure's
 fault, not the message's: the container waits it out, logs it once, counts

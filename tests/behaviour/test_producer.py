@@ -62,7 +62,7 @@ def test_a_queue_the_settings_name_is_declared_by_the_first_send(backend: Backen
         assert backend.probe(path).count(queue) == 1
 
 
-# -- Producer's keywords, bytes and content types (issue 12 item 7) ----------------------------
+# -- Producer's keywords, bytes and content types --------------------------------------------
 
 
 def test_send_labels_text_and_bytes_with_their_content_type(backend: Backend) -> None:

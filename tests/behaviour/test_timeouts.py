@@ -1,4 +1,4 @@
-"""Heartbeats, database timeouts and cluster URLs (issue 11; README: Running in production).
+"""Heartbeats, database timeouts and cluster URLs (README: Running in production).
 
 The network faults themselves (silent cuts between test hosts) are in
 test_hosts.py and test_cluster.py; these tests pin what one container on the

@@ -1,4 +1,4 @@
-"""The public API is typed as a user's type checker sees it (issue 13: "Typed public API").
+"""The public API is typed as a user's type checker sees it.
 
 A snippet that uses the API is checked with ``mypy --strict``: ``assert_type``
 fails when an annotation decays to ``Any`` or becomes optional, and a keyword
