@@ -278,6 +278,19 @@ def test_a_control_interval_of_zero_is_a_settings_error(tmp_path: Path) -> None:
     assert "container.control_interval" in line
 
 
+def test_an_outbox_relay_grace_under_a_second_is_a_settings_error(tmp_path: Path) -> None:
+    """A grace of 0 would relay rows their consumers are publishing now: every send twice."""
+    settings = write_settings(tmp_path / "settings.toml", {"container": {
+        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "listeners": ["tests.apps.work"], "outbox_relay_grace": "200ms",
+    }, "ports": {"Work": {"destination": "WORK"}}})
+    result = mdb("check", settings=settings, env=CHILD_ENV)
+    line = one_line_error(result)
+    assert result.returncode == 2
+    assert "container.outbox_relay_grace" in line and "at least '1s'" in line
+
+
 def test_a_broker_url_of_no_supported_kind_is_a_settings_error(tmp_path: Path) -> None:
     """mdb check said ok and mdb send ended in a KeyError traceback ('No such transport')."""
     settings = write_settings(tmp_path / "settings.toml", {"container": {

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mdbcontainer.container")
 
-RELAY_EVERY = 5.0
+RELAY_EVERY = 5.0  # or every outbox_relay_grace, when that is shorter
 PURGE_EVERY = 3600.0
 SHUTDOWN = "container shutting down"
 
@@ -318,8 +318,9 @@ class Container:
     def _housekeeping_loop(self) -> None:
         publisher = Publisher(self.broker, heartbeat=True)
         last_purge = time.monotonic() - PURGE_EVERY + 60.0
+        every = min(RELAY_EVERY, self.settings.container.outbox_relay_grace.total_seconds())
         try:
-            while not self._stop.wait(RELAY_EVERY):
+            while not self._stop.wait(every):
                 self._relay(publisher)
                 self._measure_outbox()
                 self._measure_waiting(publisher)
@@ -331,7 +332,7 @@ class Container:
 
     def _relay(self, publisher: Publisher) -> None:
         try:
-            self.resources.outbox.relay(publisher)
+            self.resources.outbox.relay(publisher, grace=self.settings.container.outbox_relay_grace)
         except Exception as exc:
             publisher.close()
             log.warning("outbox relay will retry: %s", describe(exc))

@@ -52,6 +52,9 @@ class ContainerSettings(_Strict):
     table_prefix: str = Field(default="mdb_", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     db_schema: str | None = None
     control_interval: Duration = timedelta(seconds=1)
+    # A send left in the outbox by a crash is relayed once it is this old: a younger
+    # row may be the one its consumer is publishing right now (a second copy).
+    outbox_relay_grace: Duration = timedelta(seconds=5)
     # Container processes of one ``mdb run`` (a supervisor runs them when > 1: supervisor.py).
     processes: int = Field(default=1, ge=1, le=64)
     ssl_ca: str | None = None
@@ -92,6 +95,16 @@ class ContainerSettings(_Strict):
             raise ValueError(
                 "must be at least '1s': database connections, keepalives and open "
                 "transactions are bounded by it"
+            )
+        return value
+
+    @field_validator("outbox_relay_grace")
+    @classmethod
+    def _a_consumer_has_time_to_publish(cls, value: timedelta) -> timedelta:
+        if value < timedelta(seconds=1):
+            raise ValueError(
+                "must be at least '1s': a younger outbox row may be one its consumer is "
+                "publishing now, and the relay would send it twice"
             )
         return value
 

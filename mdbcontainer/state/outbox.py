@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mdbcontainer.outbox")
 
-# Rows younger than this belong to a consumer that is publishing them now.
+# Rows younger than this belong to a consumer that is publishing them now
+# (the container passes its outbox_relay_grace setting).
 RELAY_GRACE = timedelta(seconds=5)
 RELAY_BATCH = 200
 # One container of a fleet relays at a time (PostgreSQL advisory lock key, held by

@@ -119,7 +119,7 @@ def test_a_connection_closed_under_a_living_container_counts_nothing(rabbit: Bac
     """
     queue = rabbit.q("CLOSED")
     settings = lost_connection_settings(rabbit, queue)
-    send_slow(rabbit, settings, queue, 0.6)
+    send_slow(rabbit, settings, queue, 0.3)
     with rabbit.container(settings) as container:
         wait_for(lambda: len(rabbit.attempts()) >= 3, 20, what="the first deliveries")
         rabbitmqctl("close_connection", consumer_connection(queue), "closed by a test operator")
@@ -150,7 +150,7 @@ def test_a_competing_consumer_does_not_charge_a_living_containers_lost_deliverie
     """
     queue = rabbit.q("COMPETED")
     settings = lost_connection_settings(rabbit, queue)
-    send_slow(rabbit, settings, queue, 1.0)
+    send_slow(rabbit, settings, queue, 0.5)
     with rabbit.container(settings) as first:
         wait_for(lambda: len(rabbit.attempts()) >= 2, 20, what="the first deliveries")
         name = consumer_connection(queue)  # the first's, before the second consumes

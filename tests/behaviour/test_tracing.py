@@ -291,7 +291,7 @@ def test_a_send_relayed_after_a_crash_stays_in_the_handlers_trace(
     orders, shipping = backend.q("ORDERS"), backend.q("SHIPPING")
     settings = backend.write(ports={"Traced": {"destination": orders},
                                     "Downstream": {"destination": shipping}},
-                             queues={orders: {}, shipping: {}})
+                             queues={orders: {}, shipping: {}}, outbox_relay_grace="1s")
     spans = backend.tmp / "spans.log"
     crashing = container(backend, collector, settings, MDB_CRASH_AT="after-commit",
                          MDB_TEST_SPANS=str(spans), MDB_CRASH_ONCE_FILE=str(backend.tmp / "crashed"))
@@ -318,7 +318,7 @@ def test_a_row_left_with_tracing_off_is_relayed_with_tracing_on_in_a_trace_of_it
     orders, shipping = backend.q("ORDERS"), backend.q("SHIPPING")
     settings = backend.write(ports={"Work": {"destination": orders},
                                     "Downstream": {"destination": shipping}},
-                             queues={orders: {}, shipping: {}})
+                             queues={orders: {}, shipping: {}}, outbox_relay_grace="1s")
     untraced = {**backend.env, "MDB_CRASH_AT": "after-commit",
                 "MDB_CRASH_ONCE_FILE": str(backend.tmp / "crashed")}
     crashing = ContainerProcess(settings, env=untraced, cwd=ROOT)

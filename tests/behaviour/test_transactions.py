@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy import exc as sa_exc
 
 from mdbcontainer.state.store import Tables
-from mdbcontainer.testing import headers_of, mdb, wait_for
+from mdbcontainer.testing import ContainerProcess, headers_of, mdb, wait_for
 from mdbcontainer.units.single import is_infrastructure
 from mdbcontainer.wire.connection import Broker
 from tests.conftest import ROOT, Backend, one_line_error
@@ -260,7 +260,7 @@ def test_postgres_errors_are_classified_by_sqlstate() -> None:
 
 
 def test_an_outbox_send_to_a_topic_nobody_subscribes_leaves_and_is_dropped(backend: Backend) -> None:
-    """Contract 4: a publish to a topic is confirmed, not mandatory: with no subscription the
+    """A publish to a topic is confirmed, not mandatory (README): with no subscription the
     message is dropped. The outbox must not keep it because the topic was never declared."""
     queue, topic = backend.q("Q"), backend.q("events")
     settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}},
@@ -272,6 +272,32 @@ def test_an_outbox_send_to_a_topic_nobody_subscribes_leaves_and_is_dropped(backe
         wait_for(lambda: outbox_backlog(backend) == 0, timeout=10, what="the outbox row to leave")
         output = container.output()
     assert "deferred" not in output and "not published" not in output, output
+
+
+def test_a_send_a_crash_left_in_the_outbox_leaves_once_it_is_outbox_relay_grace_old(
+        backend: Backend) -> None:
+    """Killed between the commit and the publish: the next container relays the row once it is
+    ``outbox_relay_grace`` old (here 1 s), looking that often; at the default 5 s the send
+    would wait at least 5 s for the relay's first look."""
+    queue, down = backend.q("Q"), backend.q("DOWN")
+    settings = backend.write(ports={"Work": {"destination": queue, "transaction": "container"},
+                                    "Downstream": {"destination": down}},
+                             queues={queue: {}, down: {}}, outbox_relay_grace="1s")
+    crashing = ContainerProcess(settings, cwd=ROOT, env={
+        **backend.env, "MDB_CRASH_AT": "after-commit", "MDB_CRASH_ONCE_FILE": str(backend.tmp / "crashed")})
+    with crashing:
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "send", "to": down}, message_id="m1")
+        assert crashing.wait_exit(60) == -9, "killed between the commit and the outbox publish"
+    assert backend.effects() == {"m1": 1} and outbox_backlog(backend) == 1, "the send was left behind"
+    with backend.container(settings):
+        started = time.monotonic()
+        wait_for(lambda: backend.effects("Downstream") == {"m1.out": 1}, timeout=20,
+                 what="the relayed send downstream")
+        took = time.monotonic() - started
+    assert took < 4.5, f"the relay took {took:.1f}s to send a row older than its 1 s grace"
+    assert outbox_backlog(backend) == 0
+    assert backend.effects() == {"m1": 1, "m1.out": 1}, "the work once, its send once"
 
 
 def test_a_handler_sql_error_is_a_failed_delivery_not_a_database_outage(backend: Backend) -> None:
