@@ -243,8 +243,8 @@ def test_a_port_whose_queue_is_its_own_backout_queue_is_a_settings_error(
     tmp_path: Path, queues: dict[str, object],
 ) -> None:
     """A port that reads the backout queue (a DLQ processor) would back a failing message out
-    onto the queue it reads, where it fails again, for ever: contract 3 makes such
-    contradictory combinations settings errors (exit 2, one line)."""
+    onto the queue it reads, where it fails again, for ever: such
+    contradictory combinations are settings errors (exit 2, one line)."""
     settings = write_settings(tmp_path / "settings.toml", {
         "container": {
             "broker_url": f"embedded://{tmp_path / 'broker.db'}",

@@ -107,7 +107,7 @@ def test_without_an_expiry_queue_expired_messages_are_dropped(backend: Backend) 
 
 @pytest.mark.rabbitmq
 def test_a_message_without_delivery_mode_is_not_persistent(rabbit: Backend) -> None:
-    """Contract 2: ``persistent``. AMQP without a delivery_mode is transient (RabbitMQ keeps it
+    """``persistent`` (README). AMQP without a delivery_mode is transient (RabbitMQ keeps it
     in memory only), so a producer from elsewhere that sets none must not read as persistent."""
     import amqp
 

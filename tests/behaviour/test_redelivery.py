@@ -95,6 +95,12 @@ def consumer_connection(queue: str) -> str:
     return connection
 
 
+def unsettled(queue: str) -> int:
+    """Messages of ``queue`` ready or delivered and not yet acknowledged (``rabbitmqctl list_queues``)."""
+    out = rabbitmqctl("list_queues", "name", "messages", "--quiet", "--no-table-headers", timeout=30)
+    return sum(int(row[1]) for row in (line.split("\t") for line in out.splitlines()) if row[0] == queue)
+
+
 def lost_connection_settings(rabbit: Backend, queue: str) -> Path:
     return rabbit.write(
         ports={"Work": {"destination": queue, "prefetch": 20, "concurrency": 1, "max_retries": 50}},
@@ -124,6 +130,9 @@ def test_a_connection_closed_under_a_living_container_counts_nothing(rabbit: Bac
         wait_for(lambda: len(rabbit.attempts()) >= 3, 20, what="the first deliveries")
         rabbitmqctl("close_connection", consumer_connection(queue), "closed by a test operator")
         wait_for(lambda: len(rabbit.effects()) == 20, 60, what="every message handled")
+        # Deliveries handled on the closed connection could not be acknowledged: they come
+        # back once the consumer is back, as duplicates acknowledged unrun.
+        wait_for(lambda: unsettled(queue) == 0, 30, interval=0.5, what="the redelivered copies acknowledged")
         wait_for(lambda: (container.port_state("Work") or {}).get("state") == "started",
                  what="the port consuming again")
         row = container.port_state("Work") or {}

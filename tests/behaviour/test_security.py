@@ -125,7 +125,7 @@ def test_passwords_never_appear_in_any_output(rabbit: Backend) -> None:
 
 
 def test_the_exception_kept_in_x_mdb_exception_masks_passwords() -> None:
-    """Contract 3: secrets never appear in errors; x-mdb-exception is printed by mdb dlq show."""
+    """Secrets never appear in errors; x-mdb-exception is printed by mdb dlq show."""
     from mdbcontainer.support.failures import exception_text
 
     try:

@@ -301,7 +301,7 @@ def test_a_send_a_crash_left_in_the_outbox_leaves_once_it_is_outbox_relay_grace_
 
 
 def test_a_handler_sql_error_is_a_failed_delivery_not_a_database_outage(backend: Backend) -> None:
-    """Contract 4: the handler raised, so the delivery failed and counts. SQLite reports a
+    """The handler raised, so the delivery failed and counts. SQLite reports a
     missing table as OperationalError, the class of lost connections; it must not be
     waited out as an outage forever, never counted and never backed out."""
     queue = backend.q("Q")
