@@ -159,6 +159,7 @@ WATCH_COLUMNS = (
     Column("failures", right=True, drop=1), Column("delivered", right=True, drop=4),
     Column("failed", right=True, drop=3), Column("backed out", right=True, drop=3),
     Column("invalid", right=True, drop=3), Column("backlog", right=True, drop=2),
+    Column("waiting", right=True, drop=3),
     Column("batches", right=True, drop=5), Column("since", drop=6), Column("reason", drop=7),
 )
 ALARMS = {"stuck": "bold red", "stopped": "bold red", "stopping": "bold red", "reconnecting": "bold red"}
@@ -179,7 +180,8 @@ def render(sample: Sample, rates: dict[tuple[str, str], float], source: str,
             f"{rates.get(key, 0.0):.1f}", str(row.get("consecutive_failures", 0)),
             str(row.get("delivered", 0)), str(row.get("failed", 0)),
             str(row.get("backed_out", 0)), str(row.get("invalid_body", 0)),  # as --json counts them
-            "-" if depth is None else str(depth), batch_figures(row), str(row.get("since", ""))[11:19],
+            "-" if depth is None else str(depth), str(row.get("waiting", 0)),  # out a redelivery delay
+            batch_figures(row), str(row.get("since", ""))[11:19],
             str(row.get("reason") or "-"),
         ])
     table = [Text(line) for line in fit(WATCH_COLUMNS, rows, width)]

@@ -131,6 +131,13 @@ def test_waiting_messages_show_in_mdb_ports(backend: Backend) -> None:
         header, row = table.stdout.splitlines()[:2]
         end = header.index("waiting") + len("waiting")  # a right-aligned column
         assert row[:end].split()[-1] == "2", table.stdout
+        watch = mdb("ports", "--watch", "--iterations", "1", settings=settings,
+                    env={**backend.env, "COLUMNS": "250"})
+        assert watch.returncode == 0, watch.stderr
+        header = next(line for line in watch.stdout.splitlines() if line.startswith("container "))
+        row = next(line for line in watch.stdout.splitlines() if " Delayed " in line)
+        end = header.index("waiting") + len("waiting")
+        assert row[:end].split()[-1] == "2", f"--watch shows them too:\n{watch.stdout}"
     assert backend.probe(settings).count(f"{queue}.wait.1m") == 2
 
 
