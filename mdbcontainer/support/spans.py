@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -33,42 +33,10 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from ..errors import SettingsError
 from ..settings import mask_url
+from .carriers import Publishable, Received
 from .outgoing import Outgoing
 
-
-class _Received(Protocol):
-    """What a process span reads of a delivery (``tracing.Received``)."""
-
-    @property
-    def headers(self) -> dict[str, Any]: ...
-
-    @property
-    def properties(self) -> dict[str, Any]: ...
-
-    @property
-    def body(self) -> bytes: ...
-
-    @property
-    def routing_key(self) -> str: ...
-
-
-class _Publishable(Protocol):
-    """One item of a publish of several (``tracing.Publishable``)."""
-
-    @property
-    def exchange(self) -> str: ...
-
-    @property
-    def routing_key(self) -> str: ...
-
-    @property
-    def body(self) -> bytes: ...
-
-    @property
-    def properties(self) -> dict[str, Any]: ...
-
-
-P = TypeVar("P", bound=_Publishable)
+P = TypeVar("P", bound=Publishable)
 E = TypeVar("E")
 SYSTEM = "rabbitmq"
 # A batch span shows its worst outcome; a delivery, the last (a failure that backs out shows that).
@@ -143,7 +111,7 @@ class OtelPortTracing:
         return {"messaging.operation.type": "process", "messaging.operation.name": "process",
                 "messaging.destination.name": self.destination, "mdb.port": self.port}
 
-    def process(self, received: _Received) -> _Current:
+    def process(self, received: Received) -> _Current:
         parent = _parent(received.headers)
         attributes = _message_attributes(received.properties, received.body, received.routing_key)
         attributes.update(self._attributes())
@@ -151,7 +119,7 @@ class OtelPortTracing:
                                       attributes=attributes)
         return _Current(span, parent)
 
-    def batch(self, received: Sequence[_Received]) -> _Current:
+    def batch(self, received: Sequence[Received]) -> _Current:
         links = []
         for item in received:
             context = trace.get_current_span(_parent(item.headers)).get_span_context()

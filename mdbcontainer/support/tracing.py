@@ -15,42 +15,11 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import SettingsError
+from .carriers import Publishable, Received
 
 if TYPE_CHECKING:
     from ..settings import Settings
     from .outgoing import Outgoing
-
-
-class Received(Protocol):
-    """What a process span reads of a delivery (met by ``delivery.Delivery``)."""
-
-    @property
-    def headers(self) -> dict[str, Any]: ...
-
-    @property
-    def properties(self) -> dict[str, Any]: ...
-
-    @property
-    def body(self) -> bytes: ...
-
-    @property
-    def routing_key(self) -> str: ...
-
-
-class Publishable(Protocol):
-    """One item of a publish of several (met by ``broker.Publish``, a dataclass)."""
-
-    @property
-    def exchange(self) -> str: ...
-
-    @property
-    def routing_key(self) -> str: ...
-
-    @property
-    def body(self) -> bytes: ...
-
-    @property
-    def properties(self) -> dict[str, Any]: ...
 
 
 P = TypeVar("P", bound=Publishable)
