@@ -116,6 +116,11 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(3.0)
+        if self._thread.is_alive():
+            # Still in a sample (a slow broker or database): its connection is the thread's
+            # own, and closing a py-amqp connection under the thread that reads it can wait
+            # for ever. The thread is a daemon: it ends with the process.
+            return
         self.depths.close()
         with suppress(Exception):
             self.store.dispose()
