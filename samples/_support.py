@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,13 @@ class Container:
     def terminate(self) -> int:
         """SIGTERM: stop consuming, finish in-flight deliveries, exit 0."""
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # its threads' stacks into its log
+            time.sleep(1.0)
+            raise SampleFailed(f"mdb run did not stop within 60 s of SIGTERM (its stacks are in "
+                               f"{self.log.name}):\n{self.output()[-6000:]}") from None
 
 
 def main(walk_through: Callable[[Walk], None], here: str) -> None:

@@ -8,6 +8,7 @@ outbox and purge old dedup rows until SIGTERM or SIGINT.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -227,6 +228,9 @@ class Container:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # ``kill -USR1 PID``: every thread's stack on stderr, and the container runs on: what
+        # an operator needs to see where a stop or a handler hangs.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         try:
             self.start()
         except Exception as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -13,6 +14,23 @@ from mdbcontainer.testing import ContainerProcess, mdb, wait_for
 from tests.conftest import RABBITMQ_URL, ROOT, Backend, rabbitmqctl
 
 pytestmark = pytest.mark.slow
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_container_runs_on(backend: Backend) -> None:
+    """What an operator sends to see where a stop or a handler hangs (README: Operations)."""
+    queue = backend.q("Q")
+    settings = backend.write(ports={"Work": {"destination": queue, "concurrency": 2}})
+    with backend.container(settings) as container:
+        assert container.proc is not None
+        container.proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "most recent call first" in container.output(), what="the stacks on stderr")
+        output = container.output()
+        assert output.count("Thread 0x") >= 4, output[-3000:]  # main, two consumers, the loops
+        assert "runtime/container.py" in output and "runtime/port.py" in output, output[-3000:]
+        with backend.producer(settings) as producer:
+            producer.send(queue, {"n": 1}, message_id="after")
+        wait_for(lambda: backend.effects() == {"after": 1}, what="a message handled afterwards")
+        assert container.terminate() == 0
 
 
 def test_sigterm_mid_stream_loses_nothing_and_exits_0(backend: Backend) -> None:
