@@ -23,10 +23,16 @@ def test_sigusr1_prints_every_threads_stack_and_the_container_runs_on(backend: B
     with backend.container(settings) as container:
         assert container.proc is not None
         container.proc.send_signal(signal.SIGUSR1)
-        wait_for(lambda: "most recent call first" in container.output(), what="the stacks on stderr")
-        output = container.output()
-        assert output.count("Thread 0x") >= 4, output[-3000:]  # main, two consumers, the loops
-        assert "runtime/container.py" in output and "runtime/port.py" in output, output[-3000:]
+
+        def stacks() -> bool:  # main, the two consumers, the loops: written while we read
+            output = container.output()
+            return (output.count("hread 0x") >= 4 and "Current thread 0x" in output
+                    and "runtime/container.py" in output and "runtime/port.py" in output)
+
+        try:
+            wait_for(stacks, what="every thread's stack on stderr")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{container.output()[-3000:]}") from None
         with backend.producer(settings) as producer:
             producer.send(queue, {"n": 1}, message_id="after")
         wait_for(lambda: backend.effects() == {"after": 1}, what="a message handled afterwards")
