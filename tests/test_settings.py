@@ -265,30 +265,23 @@ def test_a_port_whose_queue_is_its_own_backout_queue_is_a_settings_error(
         assert mdb("check", settings=settings, env=CHILD_ENV).returncode == 0, "threshold 0: nothing backed out"
 
 
-def test_a_control_interval_of_zero_is_a_settings_error(tmp_path: Path) -> None:
-    """A zero interval made the control loop poll the database without pause (a busy loop)."""
+@pytest.mark.parametrize(("key", "value", "says"), [
+    # A zero interval made the control loop poll the database without pause (a busy loop).
+    ("control_interval", "0s", ""),
+    # A grace under a second would relay rows their consumers are publishing now: sends twice.
+    ("outbox_relay_grace", "200ms", "at least '1s'"),
+])
+def test_a_container_interval_too_short_is_a_settings_error(tmp_path: Path, key: str, value: str,
+                                                             says: str) -> None:
     settings = write_settings(tmp_path / "settings.toml", {"container": {
         "broker_url": f"embedded://{tmp_path / 'broker.db'}",
         "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
-        "listeners": ["tests.apps.work"], "control_interval": "0s",
+        "listeners": ["tests.apps.work"], key: value,
     }, "ports": {"Work": {"destination": "WORK"}}})
     result = mdb("check", settings=settings, env=CHILD_ENV)
     line = one_line_error(result)
     assert result.returncode == 2
-    assert "container.control_interval" in line
-
-
-def test_an_outbox_relay_grace_under_a_second_is_a_settings_error(tmp_path: Path) -> None:
-    """A grace of 0 would relay rows their consumers are publishing now: every send twice."""
-    settings = write_settings(tmp_path / "settings.toml", {"container": {
-        "broker_url": f"embedded://{tmp_path / 'broker.db'}",
-        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
-        "listeners": ["tests.apps.work"], "outbox_relay_grace": "200ms",
-    }, "ports": {"Work": {"destination": "WORK"}}})
-    result = mdb("check", settings=settings, env=CHILD_ENV)
-    line = one_line_error(result)
-    assert result.returncode == 2
-    assert "container.outbox_relay_grace" in line and "at least '1s'" in line
+    assert f"container.{key}" in line and says in line
 
 
 def test_a_broker_url_of_no_supported_kind_is_a_settings_error(tmp_path: Path) -> None:

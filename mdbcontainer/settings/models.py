@@ -13,7 +13,7 @@ import re
 from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .durations import Duration
 
@@ -22,6 +22,12 @@ from .durations import Duration
 BROKER_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "embedded"})
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+# The container durations that must be at least a second, and why (the settings error says it).
+_WHY_A_SECOND = {
+    "database_timeout": "database connections, keepalives and open transactions are bounded by it",
+    "outbox_relay_grace": ("a younger outbox row may be one its consumer is publishing now, "
+                           "and the relay would send it twice"),
+}
 # Where an overridden key came from: its key path -> the environment variable that set it.
 Overrides = dict[tuple[str, ...], str]
 
@@ -88,24 +94,11 @@ class ContainerSettings(_Strict):
             raise ValueError("must not be negative ('0s' turns heartbeats off)")
         return timedelta(seconds=math.ceil(value.total_seconds()))
 
-    @field_validator("database_timeout")
+    @field_validator("database_timeout", "outbox_relay_grace")
     @classmethod
-    def _at_least_a_second(cls, value: timedelta) -> timedelta:
+    def _at_least_a_second(cls, value: timedelta, info: ValidationInfo) -> timedelta:
         if value < timedelta(seconds=1):
-            raise ValueError(
-                "must be at least '1s': database connections, keepalives and open "
-                "transactions are bounded by it"
-            )
-        return value
-
-    @field_validator("outbox_relay_grace")
-    @classmethod
-    def _a_consumer_has_time_to_publish(cls, value: timedelta) -> timedelta:
-        if value < timedelta(seconds=1):
-            raise ValueError(
-                "must be at least '1s': a younger outbox row may be one its consumer is "
-                "publishing now, and the relay would send it twice"
-            )
+            raise ValueError(f"must be at least '1s': {_WHY_A_SECOND[str(info.field_name)]}")
         return value
 
     @field_validator("metadata")

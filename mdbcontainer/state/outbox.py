@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mdbcontainer.outbox")
 
-# Rows younger than this belong to a consumer that is publishing them now
-# (the container passes its outbox_relay_grace setting).
-RELAY_GRACE = timedelta(seconds=5)
 RELAY_BATCH = 200
 # One container of a fleet relays at a time (PostgreSQL advisory lock key, held by
 # the relay's transaction): two relays would publish the same rows twice.
@@ -116,8 +113,11 @@ class Outbox:
         if failed is not None:  # the rows stay: the relay publishes them later
             raise failed
 
-    def relay(self, publisher: Publisher, *, grace: timedelta = RELAY_GRACE) -> int:
+    def relay(self, publisher: Publisher, *, grace: timedelta) -> int:
         """Publish rows left by a crash; return how many were sent (0 while another container relays).
+
+        Only rows older than ``grace`` (``outbox_relay_grace``): a younger one may
+        be one its consumer is publishing now.
 
         A row the broker will not take (unroutable, not confirmed) is skipped and
         retried next time, so one bad row never blocks the rows behind it. On

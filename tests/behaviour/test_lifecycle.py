@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_sigusr1_prints_every_threads_stack_and_the_container_runs_on(backend: Backend) -> None:
-    """What an operator sends to see where a stop or a handler hangs (README: Operations)."""
+    """What an operator sends to see where a stop or a handler hangs (README: Shutdown)."""
     queue = backend.q("Q")
     settings = backend.write(ports={"Work": {"destination": queue, "concurrency": 2}})
     with backend.container(settings) as container:

@@ -84,12 +84,14 @@ def test_invalid_bodies_are_backed_out_at_once_without_touching_the_port(backend
     assert dead["text-for-a-model"]["x-mdb-backout-reason"] == "invalid-body"
 
 
+def table(*args: str) -> list[list[str]]:
+    """The rows of a ``rabbitmqctl list_*`` command, one list of columns each."""
+    out = rabbitmqctl(*args, "--quiet", "--no-table-headers", timeout=30)
+    return [line.split("\t") for line in out.splitlines() if "\t" in line]
+
+
 def consumer_connection(queue: str) -> str:
     """The process id of the one broker connection consuming ``queue`` (``rabbitmqctl close_connection``)."""
-    def table(*args: str) -> list[list[str]]:
-        out = rabbitmqctl(*args, "--quiet", "--no-table-headers", timeout=30)
-        return [line.split("\t") for line in out.splitlines() if "\t" in line]
-
     [channel] = [row[1] for row in table("list_consumers", "queue_name", "channel_pid") if row[0] == queue]
     [connection] = [row[1] for row in table("list_channels", "pid", "connection") if row[0] == channel]
     return connection
@@ -97,8 +99,7 @@ def consumer_connection(queue: str) -> str:
 
 def unsettled(queue: str) -> int:
     """Messages of ``queue`` ready or delivered and not yet acknowledged (``rabbitmqctl list_queues``)."""
-    out = rabbitmqctl("list_queues", "name", "messages", "--quiet", "--no-table-headers", timeout=30)
-    return sum(int(row[1]) for row in (line.split("\t") for line in out.splitlines()) if row[0] == queue)
+    return sum(int(row[1]) for row in table("list_queues", "name", "messages") if row[0] == queue)
 
 
 def lost_connection_settings(rabbit: Backend, queue: str) -> Path:
