@@ -4,13 +4,20 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test install lint bench chaos clean
+.PHONY: run test install lint docs bench chaos record clean
+
+# Quiet: pip's own warnings about a machine's missing extra indexes (a pip.conf naming folders
+# that are not there) and setuptools' editable-install notice are dropped; errors still show,
+# and a failed install still fails the target (pipefail).
+QUIET_PIP = PYTHONWARNINGS=ignore bash -o pipefail -c '"$$0" -m pip install --quiet "$$@" 2>&1 \
+	| { grep -v "is ignored: it is neither a file nor a directory" || true; }' $(BIN)/python
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	@echo "installing mdbcontainer and its test and docs extras into $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(QUIET_PIP) --upgrade pip
+	@$(QUIET_PIP) -e '.[test,docs]'
+	@touch $(STAMP)
 
 install: $(STAMP)
 
@@ -35,11 +42,26 @@ lint: $(STAMP)
 	$(BIN)/ruff check mdbcontainer listeners tests benchmarks samples
 	$(BIN)/mypy
 
+## the documentation site (mkdocs.yml, docs/) into site/: strict (a broken link or a missing
+## page fails), nothing fetched from outside; tests/docs/ checks its examples and its pages
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos.run --full
 
+## the record (tests/record/run.py): seeded faults against a fleet on its own RabbitMQ cluster and
+## PostgreSQL pair, then lost/duplicated/unexpected/recovered per port. SEED empty: a random one.
+SEED ?=
+MINUTES ?= 10
+REPLICATION ?= sync
+MEAN_GAP ?= 30
+record: $(STAMP)
+	$(BIN)/python -m tests.record.run $(if $(SEED),--seed $(SEED)) --minutes $(MINUTES) \
+		--replication $(REPLICATION) --mean-gap $(MEAN_GAP)
+
 clean:
-	rm -rf .mdb .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .mdb .pytest_cache .mypy_cache .ruff_cache site

@@ -50,7 +50,11 @@ POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PREFETCH = 100
 BATCH = 100
 # The targets: each scenario's container against its baseline, on an idle machine.
-TARGETS = {"none": 0.90, "exactly-once": 0.85, "batch": 0.90, "batch-per-message": 0.50}
+TARGETS = {"none": 0.90, "exactly-once": 0.85, "batch": 0.90, "batch-per-message": 0.50,
+           "none-wire": 0.80, "batch-wire": 0.50, "exactly-once-x16": 3.0}
+# The wire's own speed (benchmarks/c_consumer.c on rabbitmq-c): acking each message, and every
+# WIRE_ACK_EVERY-th with ``multiple``.
+WIRE_ACK_EVERY = 50
 # At or above this 1-minute load average before a run, its ratio is no figure: the hand-written
 # consumer and the container lose different shares of a core to other work (the CPU column still
 # holds). Before each contestant's run the script waits up to IDLE_WAIT seconds for the load to
@@ -64,6 +68,7 @@ PORTS: dict[str, dict[str, Any]] = {
     "BenchOnce": {"transaction": "container", "prefetch": PREFETCH},
     "BenchBatch": {"transaction": "container", "batch_size": BATCH},  # prefetch 2 x batch
     "BenchOnceBatched": {"transaction": "container", "batch_size": BATCH},
+    "BenchOnceMany": {"transaction": "container", "concurrency": 16, "prefetch": PREFETCH},
     # benchmarks/async_handlers.py's ports: every handler of listeners_bench needs a
     # destination, or `mdb port stop` refuses the settings.
     "BenchAsyncNone": {"transaction": "none", "prefetch": PREFETCH},
@@ -78,7 +83,11 @@ SCENARIOS = {
     "exactly-once": ("naive", "BenchOnce"),
     "batch": ("plain", "BenchBatch"),
     "batch-per-message": ("plain", "BenchOnceBatched"),
+    "none-wire": ("c-each", "BenchNone"),
+    "batch-wire": ("c-multi", "BenchBatch"),
+    "exactly-once-x16": ("BenchOnce", "BenchOnceMany"),
 }
+WIRE_CONSUMERS = {"c-each": 1, "c-multi": WIRE_ACK_EVERY}  # baseline: acknowledge every k-th
 Timing = tuple[float, float]  # wall-clock and consumer-thread CPU seconds, first message to N-th
 
 
@@ -303,10 +312,44 @@ def exactly_once(engine: Engine, schema: str) -> tuple[Callable[[Any, Any], None
     return handle, db
 
 
+def wire_consumer(bench: Bench) -> Path | None:
+    """benchmarks/c_consumer.c built with the system compiler into the run's folder (once), or
+    None when the compiler or rabbitmq-c's headers (Debian's ``librabbitmq-dev``) are missing."""
+    binary = bench.tmp / "c_consumer"
+    if binary.exists():
+        return binary
+    cc = shutil.which("cc")
+    if cc is None or not Path("/usr/include/amqp.h").exists():
+        return None
+    built = subprocess.run([cc, "-O2", "-o", str(binary), str(HERE / "c_consumer.c"), "-lrabbitmq"],
+                           capture_output=True, text=True)
+    if built.returncode:
+        raise BenchError(f"cc benchmarks/c_consumer.c failed: {built.stderr.strip()}")
+    return binary
+
+
+def wire_drain(bench: Bench, kind: str, n: int) -> Timing:
+    """The C consumer: prefetch 100, acking each message (``c-each``) or every 50th with
+    ``multiple`` (``c-multi``); it times itself from its first message to its n-th."""
+    binary = wire_consumer(bench)
+    if binary is None:
+        raise BenchError("no C consumer (install librabbitmq-dev)")
+    done = subprocess.run([str(binary), "127.0.0.1", "5672", bench.queue, str(n), str(PREFETCH),
+                           str(WIRE_CONSUMERS[kind])], capture_output=True, text=True, timeout=120 + n / 100)
+    if done.returncode:
+        raise BenchError(done.stderr.strip() or f"c_consumer exited with {done.returncode}")
+    wall, cpu = map(float, done.stdout.split())
+    return wall, cpu
+
+
 def hand_written(bench: Bench, kind: str, n: int, trace: Path | None = None,
                  profile: Path | None = None) -> Timing:
-    """A hand-written consumer: ``plain`` (kombu, ack each, no database) or ``naive``."""
+    """A hand-written consumer: ``plain`` (kombu, ack each, no database), ``naive``, or the
+    C consumer (``c-each``, ``c-multi``: neither traced nor profiled, it is not Python)."""
     bench.fresh_schema()
+    if kind in WIRE_CONSUMERS:
+        bench.load(n)
+        return wire_drain(bench, kind, n)
     if kind == "naive":
         bench.prefill("bench_dedup")
     bench.load(n)
@@ -460,7 +503,8 @@ def contestant(name: str) -> Callable[..., Timing]:
 
 
 def label(name: str) -> str:
-    return {"plain": "kombu plain", "naive": "kombu+SQL"}.get(name, name)
+    return {"plain": "kombu plain", "naive": "kombu+SQL", "c-each": "C ack each",
+            "c-multi": f"C ack/{WIRE_ACK_EVERY}"}.get(name, name)
 
 
 def paired(bench: Bench, port: str, n: int, hand: Result, box: Result) -> None:
@@ -491,6 +535,10 @@ def run_scenario(bench: Bench, scenario: str, args: argparse.Namespace) -> list[
     ``--paired``), then the traced pass and the profile."""
     n = bench.n
     base, port = SCENARIOS[scenario]
+    if base in WIRE_CONSUMERS and wire_consumer(bench) is None:
+        print(f"scenario {scenario} skipped: the C consumer needs cc and librabbitmq-dev "
+              "(apt-get install librabbitmq-dev)", flush=True)
+        return []
     hand, box = Result(scenario, label(base), n), Result(scenario, port, n)
     prof = args.profile / f"{scenario}.prof" if args.profile else None
     base_prof = args.profile / f"{scenario}-{base}.prof" if args.profile else None
@@ -502,14 +550,17 @@ def run_scenario(bench: Bench, scenario: str, args: argparse.Namespace) -> list[
             continue
         hand.run(lambda i=i: contestant(base)(bench, n, profile=base_prof if i == 0 else None))
         box.run(lambda i=i: contestant(port)(bench, n, profile=prof if i == 0 else None))
-    for result, name in ((hand, base), (box, port)) if args.trace_n else ():
+    traced = [(r, name) for r, name in ((hand, base), (box, port)) if name not in WIRE_CONSUMERS]
+    for result, name in traced if args.trace_n else ():
         folder = bench.tmp / f"trace-{scenario}-{name}"
         folder.mkdir()
         run = contestant(name)
         run(bench, args.trace_n, trace=folder)
         suffix = ".window" if name in PORTS else ".trace"
         result.round_trips = lb.count_trace(folder, suffix, args.trace_n)
-    for path, who in ((base_prof, label(base)), (prof, port)) if prof is not None else ():
+    profiled = [(p, who) for p, who in ((base_prof, label(base)), (prof, port))
+                if p is not None and p.exists()]
+    for path, who in profiled:
         print(f"\n--- cProfile of the {scenario} {who} consumer thread, CPU clock ({path}; "
               "top 25 by own time) ---")
         pstats.Stats(str(path)).sort_stats("tottime").print_stats(25)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     BrokerError,
     BrokerUnavailable,
+    DatabaseError,
     DlqError,
     ListenerError,
     MdbError,
@@ -33,13 +34,15 @@ if TYPE_CHECKING:
     from .message import Message
     from .sending.producer import Producer
     from .settings import Settings, load_settings
+    from .state.outbox import Outbox
     from .units.context import BatchContext, MessageContext
 
 # Imported on first use: ``mdb send`` loads the CLI through this package, and the
 # handler and transaction machinery (SQLAlchemy) would cost it a second.
 _LAZY = {
     "BatchContext": "units.context", "MessageContext": "units.context", "message_driven": "handlers.registry",
-    "Message": "message", "Producer": "sending.producer", "Settings": "settings", "load_settings": "settings",
+    "Message": "message", "Outbox": "state.outbox", "Producer": "sending.producer",
+    "Settings": "settings", "load_settings": "settings",
 }
 
 
@@ -56,12 +59,14 @@ __all__ = [
     "BatchContext",
     "BrokerError",
     "BrokerUnavailable",
+    "DatabaseError",
     "DlqError",
     "ListenerError",
     "MdbError",
     "Message",
     "MessageContext",
     "NoReplyTo",
+    "Outbox",
     "Producer",
     "PublishError",
     "QueueUnavailable",

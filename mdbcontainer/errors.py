@@ -11,6 +11,7 @@ The tree::
     │   ├── SubscriptionInUse     a durable subscription already has its one active subscriber
     │   └── PublishError          the broker did not confirm a publish
     │       └── Unroutable        a mandatory publish reached no queue
+    ├── DatabaseError             the database refused a statement or the settings, or was away
     ├── DlqError                  a backout queue or a message on it is not there, or a replay stopped
     ├── NoReplyTo                 ``ctx.reply`` to a message that names no ``reply_to``
     ├── RequestTimeout            ``Producer.request`` got no reply in time
@@ -71,6 +72,23 @@ class PublishError(BrokerError):
 
 class Unroutable(PublishError):
     """A mandatory publish was returned: no queue was bound for it."""
+
+
+class DatabaseError(MdbError):
+    """The database refused a statement or the settings, or could not be reached.
+
+    Raised above ``state/`` in place of SQLAlchemy's own errors (kept on
+    ``__cause__``), so that the CLI, the console and the operations tell a
+    database that is away from a bug without importing SQLAlchemy. ``refused``:
+    the settings themselves were refused (a missing database or role, a wrong
+    password; ``mdb check`` and ``mdb run`` exit 2 on it). ``outage``: the
+    connection was lost or refused, to be waited out.
+    """
+
+    def __init__(self, message: str, *, refused: bool = False, outage: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+        self.outage = outage
 
 
 class DlqError(MdbError):

@@ -1,4 +1,5 @@
-"""Fixtures: every behaviour test runs on the embedded broker and on RabbitMQ + PostgreSQL.
+"""Fixtures: every behaviour test runs on the embedded broker and on RabbitMQ + PostgreSQL;
+the ones that hold on every transport (fixture ``transport``) on Amazon SQS too (moto's server).
 
 Queue names and PostgreSQL schemas are unique per test (uuid4), so tests never
 see each other's messages. With MDB_REQUIRE_SERVICES=1 (CI), a service that
@@ -7,12 +8,16 @@ cannot be reached fails the test instead of skipping it.
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import socket
 import subprocess
 import sys
 import uuid
 from collections import Counter
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +25,9 @@ import pytest
 from sqlalchemy import MetaData, create_engine, text
 
 from mdbcontainer.sending.producer import Producer
-from mdbcontainer.settings import Settings, load_settings
+from mdbcontainer.settings import QueueSettings, Settings, load_settings
 from mdbcontainer.testing import ContainerProcess, QueueProbe, write_settings
+from mdbcontainer.wire.delays import wait_queues
 
 ROOT = Path(__file__).resolve().parent.parent
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -54,25 +60,33 @@ def require(port: int, name: str) -> None:
 class Backend:
     """One test's broker and database, settings writer and probes."""
 
-    def __init__(self, kind: str, tmp: Path) -> None:
+    def __init__(self, kind: str, tmp: Path, database: str | None = None) -> None:
+        """``kind``: the transport (embedded, rabbitmq, sqs); ``database``: sqlite or postgres
+        (by default PostgreSQL with RabbitMQ, SQLite otherwise), in a schema of its own on PostgreSQL."""
         self.kind = kind
         self.tmp = tmp
         self.tag = uuid.uuid4().hex[:8]
         self.log = tmp / "attempts.log"
         self.schema: str | None = None
+        self.database = database or ("postgres" if kind == "rabbitmq" else "sqlite")
         if kind == "rabbitmq":
             require(5672, "RabbitMQ")
-            require(5432, "PostgreSQL")
             self.broker_url = RABBITMQ_URL
+        elif kind == "sqs":
+            self.broker_url = "sqs://"
+        else:
+            self.broker_url = f"embedded://{tmp / 'broker.db'}"
+        if self.database == "postgres":
+            require(5432, "PostgreSQL")
             self.database_url = POSTGRES_URL
             self.schema = f"t_{self.tag}"
         else:
-            self.broker_url = f"embedded://{tmp / 'broker.db'}"
             self.database_url = f"sqlite:///{tmp / 'container.db'}"
         self.queues: set[str] = set()
         # One probe per settings file (and content), so that a wait_for polling
         # ``backend.probe(path).count(q)`` reuses the probe's broker connection.
         self._probes: dict[tuple[Path, str], QueueProbe] = {}
+        self._sqs: Any = None
         self.engine = create_engine(self.database_url)
         self._create_business_tables()
 
@@ -100,6 +114,7 @@ class Backend:
             "MDB_TEST_LOG": str(self.log),
             "MDB_TEST_SCHEMA": self.schema or "",
             **CHILD_ENV,
+            **(SQS_ENV if self.kind == "sqs" else {}),
         }
 
     def settings_data(self, ports: dict[str, Any], queues: dict[str, Any] | None = None,
@@ -167,11 +182,34 @@ class Backend:
         return [float(line.split("\t")[4]) for line in self.log.read_text().splitlines()
                 if line.split("\t")[1] == message_id]
 
+    def in_flight(self, queue: str) -> int:
+        """Messages of ``queue`` received and not yet deleted or visible again: on SQS, the ones a
+        consumer holds and the ones a redelivery delay hides (``ApproximateNumberOfMessagesNotVisible``),
+        which :meth:`QueueProbe.count` leaves out. 0 on the brokers, whose delayed messages wait on
+        queues of their own and whose held ones are not counted."""
+        if self.kind != "sqs":
+            return 0
+        from mdbcontainer.wire.sqs import sqs_name
+
+        client = self.sqs_client()
+        url = client.get_queue_url(QueueName=sqs_name(queue))["QueueUrl"]
+        answer = client.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"])
+        return int(answer["Attributes"]["ApproximateNumberOfMessagesNotVisible"])
+
+    def sqs_client(self) -> Any:
+        """A boto3 SQS client on moto's server (one per backend: making one takes a tenth of a second)."""
+        if self._sqs is None:
+            import boto3
+
+            self._sqs = boto3.client("sqs")
+        return self._sqs
+
     def close(self) -> None:
         for probe in self._probes.values():
             probe.close()
         if self.kind == "rabbitmq":
             _delete_queues(self.queues)
+        if self.schema:
             with self.engine.begin() as conn:
                 conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
         self.engine.dispose()
@@ -184,6 +222,26 @@ def jms_settings(backend: Backend, queue: str, queues: dict[str, Any] | None = N
                          listeners=["tests.apps.jms"])
 
 
+def delayed_settings(backend: Backend, queue: str, port: dict[str, Any] | None = None,
+                     **queue_keys: Any) -> Path:
+    """Settings with port Delayed (tests/apps/delayed.py) on ``queue``; its wait queues are cleaned up."""
+    backend.queues.update(wait_queues(queue, QueueSettings(**queue_keys)))
+    return backend.write(ports={"Delayed": {"destination": queue, "max_retries": 100, **(port or {})}},
+                         queues={queue: queue_keys})
+
+
+@dataclass
+class RawMessage:
+    """The attributes of a kombu message the decode path reads (no ack: decoding never settles)."""
+
+    body: bytes
+    content_type: str
+    headers: dict[str, Any] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+    delivery_info: dict[str, Any] = field(default_factory=dict)
+    content_encoding: str | None = None
+
+
 def one_line_error(result: subprocess.CompletedProcess[str], code: int | None = None) -> str:
     """The one line an ``mdb`` failure prints on stderr (no traceback); checks the exit code if given."""
     if code is not None:
@@ -192,6 +250,48 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int | None = 
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def mdb_here(*args: str, settings: Path | None = None, env: dict[str, str] | None = None,
+             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``mdb ARGS -c SETTINGS`` through the console entry point in this process: what
+    :func:`mdbcontainer.testing.mdb` returns (exit code, stdout, stderr) without a Python start-up
+    per call (a second or more on two busy cores).
+
+    For the commands that end before they start a container (settings errors, ``mdb check``);
+    one test per command path keeps the real process (``mdb()``) as a user types it. A listener
+    module imported here stays imported in this process: give each test's module a name of its own.
+    """
+    from mdbcontainer.cli.main import main
+
+    argv = ["mdb", *args, *(["-c", str(settings)] if settings is not None else [])]
+    out, err = io.StringIO(), io.StringIO()
+    saved = {key: os.environ.get(key) for key in (env or {})}
+    where, argv_before, path_before = os.getcwd(), sys.argv, sys.path[:]  # listeners add their folder
+    handlers, level = logging.root.handlers[:], logging.root.level  # ``mdb run`` sets up logging
+    code: int
+    try:
+        os.environ.update(env or {})
+        os.chdir(cwd or (Path(settings).parent if settings is not None else where))
+        sys.argv = argv
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        sys.argv = argv_before
+        sys.path[:] = path_before
+        os.chdir(where)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        logging.root.handlers[:] = handlers
+        logging.root.setLevel(level)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def rabbitmqctl(*args: str, timeout: float = 120.0) -> str:
@@ -227,6 +327,82 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     b = Backend(request.param, tmp_path)
     yield b
     b.close()
+
+
+# The AWS environment of the SQS tests (moto's server, fixture ``moto_sqs``), set for this process
+# and for every ``mdb`` child process of an SQS backend; filled in when the server starts.
+SQS_ENV: dict[str, str] = {}
+
+
+def _spare_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def moto_sqs() -> Any:
+    """moto's SQS server on a spare port, for the whole session (of this xdist worker)."""
+    import time
+
+    port = _spare_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not reachable(port):
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail(f"moto's SQS server did not start on port {port}")
+        time.sleep(0.1)
+    SQS_ENV.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_DEFAULT_REGION="us-east-1",
+                   AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    saved = {key: os.environ.get(key) for key in SQS_ENV}
+    os.environ.update(SQS_ENV)
+    yield SQS_ENV["AWS_ENDPOINT_URL"]
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.kill()  # its state is memory only
+    server.wait(10)
+
+
+@pytest.fixture
+def sqs(moto_sqs: str, tmp_path: Path) -> Any:
+    """Amazon SQS (moto's server) + SQLite."""
+    b = Backend("sqs", tmp_path)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def sqs_postgres(moto_sqs: str, tmp_path: Path) -> Any:
+    """Amazon SQS (moto's server) + PostgreSQL, in a schema of its own: what users run SQS with
+    (the SQS chaos run, whose database outage refuses a PostgreSQL role)."""
+    b = Backend("sqs", tmp_path, database="postgres")
+    yield b
+    b.close()
+
+
+@pytest.fixture(params=["embedded", pytest.param("rabbitmq", marks=[pytest.mark.rabbitmq, pytest.mark.postgres]),
+                        "sqs"])
+def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """Each of the three transports in turn: the behaviour tests that hold on every one of them."""
+    if request.param == "sqs":
+        request.getfixturevalue("moto_sqs")
+    b = Backend(request.param, tmp_path)
+    yield b
+    b.close()
+
+
+# A test whose point does not depend on the transport or the database (settings checking, figures,
+# the pipeline's own logic) runs on one backend: ``@on_embedded`` keeps the ``backend`` argument and
+# drops the RabbitMQ run (or ``@on_rabbitmq`` the embedded one). Each use says why in a comment;
+# a test whose outcome the broker or the database decides keeps both.
+on_embedded = pytest.mark.parametrize("backend", ["embedded"], indirect=True)
+on_rabbitmq = pytest.mark.parametrize(
+    "backend", [pytest.param("rabbitmq", marks=[pytest.mark.rabbitmq, pytest.mark.postgres])], indirect=True)
 
 
 @pytest.fixture

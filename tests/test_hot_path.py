@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from mdbcontainer import Message
 from mdbcontainer.state.metrics import Metrics, Tally
 from mdbcontainer.wire.delivery import Delivery, envelope
-from tests.behaviour.test_fuzz import RawMessage
+from tests.conftest import RawMessage
 
 STAMP = 1764600000
 

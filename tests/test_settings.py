@@ -17,7 +17,7 @@ from mdbcontainer.settings import (
     settings_from_dict,
 )
 from mdbcontainer.testing import mdb, write_settings
-from tests.conftest import CHILD_ENV, one_line_error
+from tests.conftest import CHILD_ENV, mdb_here, one_line_error
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -254,15 +254,16 @@ def test_a_port_whose_queue_is_its_own_backout_queue_is_a_settings_error(
         "queues": queues,
         "ports": {"Work": {"destination": "DLQ"}},
     })
-    for verb in ("check", "run"):
-        result = mdb(verb, settings=settings, env=CHILD_ENV)
+    for verb in ("check", "run"):  # check in this process (no Python start-up), run as a process
+        result = (mdb_here(verb, settings=settings) if verb == "check"
+                  else mdb(verb, settings=settings, env=CHILD_ENV))
         line = one_line_error(result)
         assert result.returncode == 2, result.stderr
         assert "ports.Work" in line and "backout" in line
     ok = settings.read_text() + '\n[queues.DLQ]\nbackout_threshold = 0\n' if not queues else None
     if ok:
         settings.write_text(ok)
-        assert mdb("check", settings=settings, env=CHILD_ENV).returncode == 0, "threshold 0: nothing backed out"
+        assert mdb_here("check", settings=settings).returncode == 0, "threshold 0: nothing backed out"
 
 
 @pytest.mark.parametrize(("key", "value", "says"), [
@@ -278,7 +279,7 @@ def test_a_container_interval_too_short_is_a_settings_error(tmp_path: Path, key:
         "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
         "listeners": ["tests.apps.work"], key: value,
     }, "ports": {"Work": {"destination": "WORK"}}})
-    result = mdb("check", settings=settings, env=CHILD_ENV)
+    result = mdb_here("check", settings=settings)
     line = one_line_error(result)
     assert result.returncode == 2
     assert f"container.{key}" in line and says in line
@@ -291,8 +292,9 @@ def test_a_broker_url_of_no_supported_kind_is_a_settings_error(tmp_path: Path) -
         "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
         "listeners": ["tests.apps.work"],
     }, "ports": {"Work": {"destination": "WORK"}}})
-    for args in (("check",), ("send", "Q", "{}")):
-        result = mdb(*args, settings=settings, env=CHILD_ENV)
+    for args in (("check",), ("send", "Q", "{}")):  # check in this process, send as a process
+        result = (mdb_here(*args, settings=settings) if args == ("check",)
+                  else mdb(*args, settings=settings, env=CHILD_ENV))
         line = one_line_error(result)
         assert result.returncode == 2
         assert "container.broker_url" in line and "amqp://" in line

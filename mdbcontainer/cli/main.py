@@ -7,10 +7,14 @@ Every command takes ``-c/--config FILE`` (else ``$MDB_SETTINGS``, else
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -68,7 +72,8 @@ class Command(TyperCommand):
                     formatter.write_dl(rows)
 
 
-port_app = typer.Typer(help="Start or stop a listener port in the running containers.", **STYLE)
+port_app = typer.Typer(help="Start or stop a listener port, or release a held key, in the running "
+                       "containers.", **STYLE)
 dlq_app = typer.Typer(help="Browse, replay and purge backout queues.", **STYLE)
 dedup_app = typer.Typer(help="Maintain the dedup table.", **STYLE)
 app.add_typer(port_app, name="port")
@@ -106,17 +111,14 @@ def guarded(action: Callable[[], T]) -> T:
 
         fail(f"{exc.filename}: {exc.strerror}" if exc.filename else describe(exc), 1)
     except Exception as exc:  # the database is away or refused: one line, not a traceback
-        if not _from_sqlalchemy(exc):
+        if "sqlalchemy" not in sys.modules:  # no database met (mdb send does not load it)
             raise
-        from ..support.failures import describe
+        from ..state.database import wrapped
 
-        fail(f"database: {describe(exc)}", 1)
-
-
-def _from_sqlalchemy(exc: Exception) -> bool:
-    """A SQLAlchemy error, without importing SQLAlchemy (a second of ``mdb send``) to ask."""
-    errors = sys.modules.get("sqlalchemy.exc")
-    return errors is not None and isinstance(exc, errors.SQLAlchemyError)
+        error = wrapped(exc)
+        if error is None:
+            raise
+        fail(f"database: {error}", error.exit_code)
 
 
 def settings_for(config: Path | None) -> Settings:
@@ -183,7 +185,30 @@ def run(
         supervisor_of = guarded(lambda: Supervisor(settings, count, port))
         raise typer.Exit(guarded(supervisor_of.run))
     container = guarded(lambda: Container(settings, ports=port))
-    raise typer.Exit(guarded(container.run))
+    leave(guarded(container.run))
+
+
+def leave(code: int) -> NoReturn:
+    """End ``mdb run`` now that the container has stopped, without the interpreter's teardown.
+
+    Every port has stopped and its threads are joined by the time the container's run
+    returns; what is left is the interpreter freeing a process's worth of objects (SQLAlchemy,
+    pydantic, kombu), a fifth of a second on an idle machine and more on a busy one, paid by
+    every stop and every restart of a container. The exit handlers still run (a tracing
+    exporter flushes in one) and the logs are flushed; a thread that is not a daemon (none of
+    the container's is) gets the ordinary exit, which waits for it, and so does a process
+    that is not ``mdb`` itself (a test calling :func:`main` in its own process).
+    """
+    own = Path(sys.argv[0]).name in ("mdb", "__main__.py")
+    if not own or any(t.is_alive() and not t.daemon for t in threading.enumerate()
+                      if t is not threading.main_thread()):
+        raise typer.Exit(code)
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def refuse_wrong_logins(settings: Settings) -> None:
@@ -387,6 +412,31 @@ def ports(
         return
     settings = settings_for(config)
     print_ports(guarded(lambda: operate.live_ports(settings)), as_json)
+    if not as_json:  # --json stays one document: the list of ports (mdb outbox --json for this)
+        from .output import print_outbox
+
+        print_outbox(guarded(lambda: operate.outbox_waiting(settings)), False)
+
+
+@app.command(cls=Command)
+def outbox(config: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """The sends waiting in the outbox for the relay, and how long the oldest has waited."""
+    from ..operations.ports import outbox_waiting
+    from .output import print_outbox
+
+    settings = settings_for(config)
+    print_outbox(guarded(lambda: outbox_waiting(settings)), as_json)
+
+
+@app.command(cls=Command)
+def relay(config: ConfigOption = None) -> None:
+    """Relay the outbox (sends of Outbox.send) for a service that runs no ports, until SIGTERM."""
+    from ..runtime.relay import run_relay
+
+    settings = settings_for(config)
+    setup_logging(settings.container)
+    refuse_wrong_logins(settings)
+    raise typer.Exit(guarded(lambda: run_relay(settings)))
 
 
 PortArgument = Annotated[
@@ -412,6 +462,24 @@ def port_stop(name: PortArgument, config: ConfigOption = None, as_json: JsonOpti
 
     settings = settings_for(config)
     print_port_request(guarded(lambda: switch_port(settings, name, "stopped")), as_json)
+
+
+@port_app.command("release", cls=Command)
+def port_release(
+    name: PortArgument,
+    key: Annotated[str, typer.Argument(metavar="KEY", help="The held key, as mdb ports shows it.")],
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Release KEY of ordered port NAME: its waiting messages go on in every running container."""
+    from ..operations.ports import release_key
+    from .output import print_key_release
+
+    settings = settings_for(config)
+    release = guarded(lambda: release_key(settings, name, key))
+    if not release.released:
+        fail(f"port {name}: key {key!r} is not held")
+    print_key_release(release, as_json)
 
 
 @dedup_app.command("purge", cls=Command)

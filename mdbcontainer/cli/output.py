@@ -17,8 +17,9 @@ from ..support.terminal import Column, fit
 
 if TYPE_CHECKING:  # each printer imports what it prints: mdb port stop needs no backout queue
     from ..operations import dlq
-    from ..operations.ports import DedupPurge, PortRequest
+    from ..operations.ports import DedupPurge, KeyRelease, PortRequest
     from ..settings import Settings
+    from ..state.outbox import Waiting
 
 # -- mdb ports, mdb port, mdb dedup ------------------------------------------------------
 
@@ -59,6 +60,21 @@ def print_ports(rows: list[dict[str, Any]], as_json: bool) -> None:
         for stuck in r.get("stuck") or []:  # past handler_timeout: which message holds it
             typer.echo(f"{r['port']} stuck: consumer {stuck['consumer']} in its handler for "
                        f"{stuck['seconds']:.0f}s on message {', '.join(stuck['message_ids'])}")
+        for held in r.get("held") or []:  # an ordered port's key held after a backout
+            typer.echo(f"{r['port']} held key {held['key']}: message {held['message_id']} backed "
+                       f"out, {held['waiting']} waiting (mdb port release {r['port']} {held['key']})")
+
+
+def print_outbox(waiting: Waiting, as_json: bool) -> None:
+    """``mdb outbox`` (and the last line of ``mdb ports``): the sends waiting, the oldest's age."""
+    if as_json:
+        typer.echo(json.dumps({"waiting": waiting.count, "oldest_seconds": round(waiting.oldest_seconds, 3)}))
+        return
+    if not waiting.count:
+        typer.echo("outbox: no sends waiting")
+        return
+    typer.echo(f"outbox: {waiting.count} send{'' if waiting.count == 1 else 's'} waiting, "
+               f"the oldest for {waiting.oldest_seconds:.1f}s")
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
@@ -84,6 +100,15 @@ def print_port_request(request: PortRequest, as_json: bool) -> None:
                f"running containers act within {request.within}")
 
 
+def print_key_release(release: KeyRelease, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps({"port": release.port, "key": release.key, "released": release.released,
+                               "within": release.within}))
+        return
+    typer.echo(f"port {release.port}: key {release.key} released; running containers go on with "
+               f"it within {release.within}")
+
+
 def print_dedup_purge(purged: DedupPurge, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps({"removed": purged.removed, "older_than": purged.older_than}))
@@ -102,7 +127,7 @@ LIST_COLUMNS = (
 )
 
 
-def print_dlq_list(name: str, letters: list[dlq.DeadLetter], total: int, as_json: bool) -> None:
+def print_dlq_list(name: str, letters: list[dlq.BackedOutMessage], total: int, as_json: bool) -> None:
     """``mdb dlq list``: a table that fits the terminal, or one JSON document."""
     from ..operations import dlq
 
@@ -134,7 +159,7 @@ def _short_time(stamp: str | None) -> str | None:
         return stamp
 
 
-def print_dlq_show(letters: list[dlq.DeadLetter], as_json: bool, full: bool = False) -> None:
+def print_dlq_show(letters: list[dlq.BackedOutMessage], as_json: bool, full: bool = False) -> None:
     """``mdb dlq show``: every header, the full exception, the body (its start, unless ``full``)."""
     from ..operations import dlq
 
@@ -153,17 +178,18 @@ def preview(text: str, full: bool) -> str:
     return f"{text[:dlq.BODY_PREVIEW]}… ({len(text) - dlq.BODY_PREVIEW:,} more characters: --full shows them)"
 
 
-def _describe(d: dlq.DeadLetter, full: bool = False) -> str:
+def _describe(d: dlq.BackedOutMessage, full: bool = False) -> str:
     from ..operations import dlq
+    from ..wire.headers import EXCEPTION
 
     body, encoding = dlq.decode_for_display(d.body, d.content_type)
     lines = [f"message {d.id} on {d.queue}", "properties:", f"  content_type: {d.content_type}"]
     lines += [f"  {k}: {v}" for k, v in sorted(d.properties.items()) if k != "content_type"]
     lines.append("headers:")
     for key, value in d.headers.items():
-        if key != dlq.EXCEPTION:
+        if key != EXCEPTION:
             lines.append(f"  {key}: {dlq.header_text(value)}")
-    lines.append(f"  {dlq.EXCEPTION}:")
+    lines.append(f"  {EXCEPTION}:")
     lines += [f"    {line}" for line in d.exception.splitlines()]
     # The body as it was sent (its bytes counted above), not JSON parsed and re-spaced.
     shown = d.body.decode("utf-8") if encoding == "json" else body
@@ -174,7 +200,7 @@ def _describe(d: dlq.DeadLetter, full: bool = False) -> str:
 def print_replay(settings: Settings, result: dlq.ReplayResult, queue: str | None, to: str | None) -> None:
     """``mdb dlq replay``: how many moved; a missing id or a refused publish is exit 1."""
     from ..operations import dlq
-    from ..pipeline.backout import REASON_INVALID
+    from ..wire.headers import REASON_INVALID
 
     typer.echo(f"replayed {result.replayed} message(s)")
     if result.invalid and to is None:  # back to the same handler, the body fails again: warn
@@ -183,7 +209,7 @@ def print_replay(settings: Settings, result: dlq.ReplayResult, queue: str | None
             f"{', '.join(result.invalid[:5])}{', ...' if len(result.invalid) > 5 else ''}) and will be "
             "backed out again as they are; fix each body and resend it with "
             "mdb send DEST @fixed.json --id ID, or mdb dlq purge them "
-            "(README: Replaying invalid bodies)", err=True)
+            "(docs/guides/poison-messages.md: Replaying invalid bodies)", err=True)
     problems = dlq.replay_problems(settings, result, queue)
     if problems:
         raise DlqError("; ".join(problems))

@@ -11,6 +11,7 @@ seconds of heartbeats, smoothed because heartbeats and redraws tick apart.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections import deque
@@ -156,7 +157,7 @@ def queue_of(row: dict[str, Any]) -> str:
     return str(row.get("queue") or row.get("destination") or "")
 
 
-# The same rule as ``mdb ports`` (tables.py): container and port tell the rows
+# The same rule as ``mdb ports`` (cli/output.py): container and port tell the rows
 # apart and stay whole; empty columns go first; the rest move to a second line.
 WATCH_COLUMNS = (
     Column("container", keep=True), Column("port", keep=True), Column("queue", 8),
@@ -217,7 +218,15 @@ def _stop_reasons(rows: list[dict[str, Any]]) -> list[Text]:
 
 
 def watch(settings: Settings, iterations: int | None = None, interval: float = REFRESH) -> None:
-    """Redraw every ``interval`` until Ctrl-C (or ``iterations`` redraws, for tests)."""
+    """Redraw every ``interval`` until Ctrl-C (or ``iterations`` redraws, for tests).
+
+    Ctrl-C is heard even when the process started with SIGINT ignored (what a
+    non-interactive shell gives its background jobs, and what a test runner's
+    worker may pass on): Python then leaves it ignored, and the watch ran on,
+    deaf to the one key that ends it.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     sampler = Sampler(settings, interval)
     console = Console() if Console().is_terminal else Console(width=200)
     try:

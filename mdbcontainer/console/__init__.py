@@ -35,7 +35,7 @@ def serve(settings: Settings, bind: str | None = None) -> int:
     shown = f"[{host}]" if ":" in host else host
     print(f"mdb console on http://{shown}:{sock.getsockname()[1]}/"
           + (" (token required)" if token else ""), flush=True)
-    config = uvicorn.Config(build_app(settings, store, token), log_level="warning", access_log=False)
+    config = uvicorn.Config(build_app(settings, store, token, host), log_level="warning", access_log=False)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -21,7 +21,6 @@ from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
 import anyio
-from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
@@ -36,15 +35,18 @@ from ..errors import MdbError
 from ..operations import dlq
 from ..settings import Settings, format_duration
 from ..state.control import STOPPED_BY_OPERATOR
+from ..state.database import database_error_types
 from ..state.history import History
 from ..state.store import Store
 from ..support.failures import describe
 from ..support.logs import mask_secrets
+from ..wire.headers import EXCEPTION
 from .fleet import BUCKET, WINDOW, Chart, Fleet
 from .security import (
     CSRF_FIELD,
     SESSION_COOKIE,
     TokenGate,
+    allowed_hosts,
     csrf_ok,
     csrf_token,
     session_value,
@@ -195,14 +197,15 @@ class Console:
         ids = [str(form["one"])] if form.get("one") else [str(v) for v in form.getlist("selected")]
         if not ids and not replay_all:
             return self.done(back, "select the messages to replay first")
+        def record(target: str, detail: str) -> None:  # also when the replay stops on an error
+            self.write_history(request, "replay", target, detail)
+
         try:
-            result = await run_in_threadpool(
-                lambda: dlq.replay(self.settings, ids, replay_all=replay_all, queue=queue))
+            result = await run_in_threadpool(lambda: dlq.replay_recorded(
+                self.settings, ids, replay_all, queue, None, record=record))
         except MdbError as exc:
             return self.done(back, f"replay failed: {exc}")
-        detail = dlq.replay_detail(result, ids, replay_all, None)
-        await self.record(request, "replay", queue, detail)
-        return self.done(back, detail)
+        return self.done(back, dlq.replay_detail(result, ids, replay_all, None))
 
     async def purge(self, request: Request) -> Response:
         form = await self.form(request)
@@ -221,10 +224,13 @@ class Console:
         return self.done(back_to(form, queue), f"purged {count} message(s) from {name}")
 
     async def record(self, request: Request, action: str, target: str, detail: str) -> None:
+        await run_in_threadpool(self.write_history, request, action, target, detail)
+
+    def write_history(self, request: Request, action: str, target: str, detail: str) -> None:
+        """Record an action in the history and the log (a thread's call: it writes the database)."""
         client = request.client.host if request.client else "unknown"
         actor = "token holder" if self.token else None
-        await run_in_threadpool(lambda: self.history.record(
-            action, target, detail, origin=f"console from {client}", actor=actor))
+        self.history.record(action, target, detail, origin=f"console from {client}", actor=actor)
         log.info("console: %s %s: %s (from %s)", action, target, detail, client)
 
     async def sample_forever(self) -> None:
@@ -243,7 +249,7 @@ def back_to(form: FormData, queue: str) -> str:
     return "/queues?" + urlencode({"queue": queue})
 
 
-def shown(letter: dlq.DeadLetter, full: bool) -> dict[str, Any]:
+def shown(letter: dlq.BackedOutMessage, full: bool) -> dict[str, Any]:
     """A backed-out message as its page shows it: headers, properties, the exception, the body.
 
     Every text is masked as a log line is: a URL's password in a body or a
@@ -258,7 +264,7 @@ def shown(letter: dlq.DeadLetter, full: bool) -> dict[str, Any]:
         "summary": mask_secrets(letter.summary()),
         "exception": mask_secrets(letter.exception),
         "header_rows": [(k, mask_secrets(dlq.dumps(v))) for k, v in letter.headers.items()
-                        if k != dlq.EXCEPTION],
+                        if k != EXCEPTION],
         "property_rows": [(k, mask_secrets(dlq.dumps(v))) for k, v in sorted(letter.properties.items())],
         "body_text": body if full or len(body) <= dlq.BODY_PREVIEW else body[: dlq.BODY_PREVIEW],
         "body_cut": not full and len(body) > dlq.BODY_PREVIEW,
@@ -276,8 +282,13 @@ def format_duration_seconds(seconds: float) -> str:
     return f"{int(seconds // 60)} min" if seconds >= 60 else f"{int(seconds)} s"
 
 
-def build_app(settings: Settings, store: Store, token: str | None) -> Starlette:
-    """The console's ASGI application (served by uvicorn in :func:`mdbcontainer.console.serve`)."""
+def build_app(settings: Settings, store: Store, token: str | None,
+              bind_host: str = "127.0.0.1") -> Starlette:
+    """The console's ASGI application (served by uvicorn in :func:`mdbcontainer.console.serve`).
+
+    ``bind_host``: the address it is served on; without a token, the one name
+    besides the loopback names that its requests may carry as ``Host``.
+    """
     console = Console(settings, store, token)
 
     @contextlib.asynccontextmanager
@@ -300,6 +311,7 @@ def build_app(settings: Settings, store: Store, token: str | None) -> Starlette:
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={SQLAlchemyError: console.unavailable,
+                     exception_handlers={**dict.fromkeys(database_error_types(), console.unavailable),
                                          MdbError: console.unavailable},
-                     middleware=[Middleware(TokenGate, token=token, refused=console.refused)])
+                     middleware=[Middleware(TokenGate, token=token, refused=console.refused,
+                                             hosts=allowed_hosts(bind_host, token))])

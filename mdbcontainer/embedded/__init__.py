@@ -28,10 +28,12 @@ Usage::
 The modules, in the order a message meets them:
 
 * ``transport`` / ``channel`` / ``topology``: what kombu sees;
-* ``store``: the broker state on one connection, made of ``queues``,
-  ``routing`` (exchanges, bindings, topic matching), ``messages`` (publish,
-  claim, settle, TTL and dead-lettering), ``claims`` (owners, liveness,
-  releasing the claims of the dead) and ``browse``;
+* ``broker_state``: the broker state on one connection, made of ``queue_rows``
+  (queues and their consumers; named apart from ``wire.queues``, what tools do
+  to a queue, and from ``state.store``, the container's database), ``routing``
+  (exchanges, bindings, topic matching), ``messages`` (publish, claim, settle,
+  TTL and dead-lettering), ``claims`` (owners, liveness, releasing the claims
+  of the dead) and ``browse``;
 * ``schema`` (tables, connection set-up), ``payload`` (the stored message
   and the headers the broker adds), ``errors`` (RabbitMQ's replies).
 """
@@ -39,6 +41,8 @@ The modules, in the order a message meets them:
 from __future__ import annotations
 
 from kombu.transport import TRANSPORT_ALIASES
+
+from .broker_state import BrokerState as BrokerState
 
 # The function, not the submodule of the same name, is the public ``browse``.
 from .browse import browse
@@ -60,7 +64,6 @@ from .schema import MIN_SQLITE as MIN_SQLITE
 from .schema import SCHEMA_VERSION as SCHEMA_VERSION
 from .schema import SYNCHRONOUS_MODES as SYNCHRONOUS_MODES
 from .schema import db_path
-from .store import BrokerState as BrokerState
 from .transport import Transport
 
 __all__ = [

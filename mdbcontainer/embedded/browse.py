@@ -10,7 +10,7 @@ import base64
 import os
 
 from .payload import Payload, as_delivery
-from .queues import QueueStore
+from .queue_rows import QueueStore
 from .schema import db_path
 
 

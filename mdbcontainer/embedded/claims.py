@@ -14,7 +14,7 @@ import socket
 
 from kombu.log import get_logger
 
-from .queues import QueueStore
+from .queue_rows import QueueStore
 
 # The package's name, as before it was split: log lines keep their logger.
 logger = get_logger("mdbcontainer.embedded")

@@ -8,9 +8,9 @@ whose owner died can be released (see claims.py).
 
 from __future__ import annotations
 
-import time
 import uuid
 
+from ..support import clock
 from .errors import BASIC_PUBLISH
 from .payload import Payload, as_delivery, dumps, expires_at, loads, mark_death, priority
 from .routing import RoutingStore
@@ -67,12 +67,12 @@ class MessageStore(RoutingStore):
     def put(self, queue: str, payload: Payload) -> int:
         """Store into one queue; 0 if the queue does not exist (dropped)."""
         with self.lock:
-            return self._insert(queue, payload, dumps(payload), time.time())
+            return self._insert(queue, payload, dumps(payload), clock.time())
 
     def publish(self, exchange: str, routing_key: str, payload: Payload) -> int:
         """Route and store atomically; return how many queues took it."""
         raw = dumps(payload)
-        now = time.time()
+        now = clock.time()
         with self.lock:
             if not exchange:
                 return self._insert(routing_key, payload, raw, now)
@@ -97,7 +97,7 @@ class MessageStore(RoutingStore):
             ):
                 return None
             claim = uuid.uuid4().hex
-            now = time.time()
+            now = clock.time()
             with immediate(self.db) as db:
                 self._expire(queue, now)
                 if auto_ack:
@@ -115,7 +115,7 @@ class MessageStore(RoutingStore):
         indexed read when nothing is due; the move is one transaction.
         """
         with self.lock:
-            now = time.time()
+            now = clock.time()
             due = [row[0] for row in self.db.execute(_DUE_QUEUES, (now,)).fetchall()]
             if not due:
                 return 0
@@ -169,7 +169,7 @@ class MessageStore(RoutingStore):
 
     def reject(self, tags: list[tuple[int, str]]) -> None:
         """Delete rejected rows, dead-lettering them if their queue says so."""
-        now = time.time()
+        now = clock.time()
         with self.lock, immediate(self.db) as db:
             for row, claim in tags:
                 found = db.execute(

@@ -13,7 +13,7 @@ from typing import Any
 from amqp.exceptions import ChannelError
 
 from .errors import EXCHANGE_DECLARE, EXCHANGE_DELETE, QUEUE_BIND, not_found, precondition
-from .queues import QueueStore
+from .queue_rows import QueueStore
 from .schema import immediate, json_args
 
 EXCHANGE_TYPES = frozenset({"direct", "topic", "fanout"})

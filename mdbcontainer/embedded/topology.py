@@ -1,7 +1,7 @@
 """The channel's declarations: exchanges, queues and bindings, in the file.
 
 kombu's virtual Channel keeps these in process memory; here each call goes
-to the :class:`~mdbcontainer.embedded.store.BrokerState`, so a queue declared or
+to the :class:`~mdbcontainer.embedded.broker_state.BrokerState`, so a queue declared or
 bound by one process is there for every other.
 """
 
@@ -15,8 +15,8 @@ from amqp.exceptions import ChannelError
 from amqp.protocol import queue_declare_ok_t
 from kombu.transport import virtual
 
+from .broker_state import BrokerState
 from .errors import EXCHANGE_DECLARE, QUEUE_DECLARE, not_found
-from .store import BrokerState
 
 
 class TopologyChannel(virtual.Channel):

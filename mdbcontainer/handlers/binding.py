@@ -62,9 +62,11 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
                                                                settings.overrides), merged)
         bindings.append(Binding(name, spec, port))
         _refuse_backout_loop(settings, name, bindings[-1].settings)
+        _refuse_partitions(settings, name, bindings[-1].settings)
         _refuse_bean_batch_without_list(settings, name, bindings[-1])
     if not bindings:
         raise ListenerError(f"{settings.source}: no ports: container.listeners registers no handler")
+    _refuse_what_the_transport_lacks(settings, bindings)
     return [b for b in bindings if not only or b.name in only]
 
 
@@ -94,6 +96,35 @@ def _async_port(settings: Settings, name: str, spec: HandlerSpec, port: PortSett
             "connection; raise prefetch or leave it out (then it is at least concurrency)"
         )
     return port
+
+
+def _refuse_what_the_transport_lacks(settings: Settings, bindings: list[Binding]) -> None:
+    """A setting that needs what the broker lacks (SQS: topics, priorities) stops the start: exit 2."""
+    from ..settings import broker_urls
+    from ..wire.connection import transport_for
+
+    transport = transport_for(settings, broker_urls(settings.container.broker_url)[0])
+    refused = transport.refusals(settings, {b.name: b.settings for b in bindings})
+    if refused:
+        raise SettingsError(f"{settings.source}: {refused[0]}")
+
+
+def _refuse_partitions(settings: Settings, name: str, port: PortSettings) -> None:
+    """Partitions need RabbitMQ, and the settings file must say them: producers route by it."""
+    if not port.partitions:
+        return
+    if settings.container.broker_url.startswith("embedded://"):
+        raise SettingsError(
+            f"{settings.source}: ports.{name}.partitions: the embedded broker has no consistent-hash "
+            "exchange: partitions need RabbitMQ (order_by alone works on the embedded broker)"
+        )
+    table = settings.ports.get(name)
+    if table is None or not table.partitions or not table.order_by:
+        raise SettingsError(
+            f"{settings.source}: ports.{name}.partitions: set partitions and order_by in the "
+            f"[ports.{name}] table, not only in @message_driven: producers (mdb send, Producer) "
+            "read them from the settings file to route each message to its key's partition"
+        )
 
 
 def _refuse_bean_batch_without_list(settings: Settings, name: str, binding: Binding) -> None:

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter
 
 from ..errors import ListenerError
 from ..message import Message, validate_body, validator_for
-from .signature import Signature, read_signature
+from .signature import Signature, is_async_callable, read_signature
 
 H = TypeVar("H", bound=Callable[..., Any])
 
@@ -56,7 +56,7 @@ class HandlerSpec:
         signature = read_signature(f"{self.name}.on_message", self.target.on_message, method=method,
                                    batch=self.batch)
         for hook in ("setup", "teardown"):  # awaited only on an event loop: an async bean's
-            if inspect.iscoroutinefunction(getattr(self.target, hook, None)) and not signature.is_async:
+            if is_async_callable(getattr(self.target, hook, None)) and not signature.is_async:
                 raise ListenerError(f"{self.name}.{hook}: an async def {hook} needs an async def "
                                     "on_message (a synchronous bean has no event loop to await it)")
         return signature
@@ -65,7 +65,7 @@ class HandlerSpec:
     def is_async(self) -> bool:
         """An ``async def`` handler (or bean ``on_message``): its port runs an event loop."""
         target = self.target.on_message if self.is_bean else self.target
-        return inspect.iscoroutinefunction(target)
+        return is_async_callable(target)
 
     @property
     def code(self) -> Any:
@@ -85,7 +85,7 @@ def message_driven(port: str, *, batch: bool = False, **port_defaults: Any) -> C
     one parameter; the container checks this when it binds the handler.
 
     ``batch=True`` marks a batch handler: its first parameter is ``list[X]``
-    and it is called once per batch (README: Batches).
+    and it is called once per batch (the Batches guide, docs/guides/batches.md).
 
     A class is a bean: ``setup()`` runs once per instance, ``on_message(message,
     ctx)`` per delivery, ``teardown()`` when the instance is discarded (after it
@@ -173,18 +173,18 @@ class Running:
 
     since: float | None = None  # monotonic clock; None between calls
     warned: bool = False
-    _ctx: Any = field(default=None, repr=False)
+    ctx: Any = field(default=None, repr=False)  # the call's context: its message(s)
 
     @property
     def message_ids(self) -> tuple[str, ...]:
         """The ids of the call's message(s): worked out when a reader asks, not on every call."""
-        ctx = self._ctx
+        ctx = self.ctx
         message = getattr(ctx, "message", None)
         messages = getattr(ctx, "messages", None) or ([message] if message is not None else [])
         return tuple(str(m.id) for m in messages)
 
     def enter(self, ctx: Any) -> None:
-        self._ctx = ctx
+        self.ctx = ctx
         self.warned = False
         self.since = time.monotonic()
 
@@ -193,12 +193,31 @@ class Running:
 
     def mirror(self, other: Running) -> None:
         """Show ``other``'s call (an async consumer shows the oldest of its tasks' calls)."""
-        self._ctx, self.since, self.warned = other._ctx, other.since, False
+        self.ctx, self.since, self.warned = other.ctx, other.since, False
 
     def seconds(self, now: float) -> float | None:
         """How long the call in progress has run; None between calls."""
         since = self.since
         return None if since is None else now - since
+
+
+def refuse_awaitable(name: str, result: Any) -> None:
+    """Raise when a synchronous handler call returned an awaitable: its work never ran.
+
+    Acknowledging the message as handled would lose it, so the delivery fails
+    as if the handler had raised. The coroutine is closed, so that Python does
+    not warn later that it was never awaited.
+    """
+    if result is None or not inspect.isawaitable(result):
+        return
+    close = getattr(result, "close", None)
+    if callable(close):
+        close()
+    raise TypeError(
+        f"{name} returned a {type(result).__name__} from a synchronous call, so its work never "
+        "ran: make it async def (a decorator around an async def should keep functools.wraps) "
+        "or await what it returns"
+    )
 
 
 @dataclass
@@ -218,7 +237,9 @@ class Invoker:
     _bean: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self._function = None if self.spec.is_bean else self.spec.target  # looked up once
+        # The handler function, looked up once; None for a bean (``call_bean``). The hot path of
+        # a port without a transaction calls it inline (pipeline/single.py).
+        self.function = None if self.spec.is_bean else self.spec.target
 
     @classmethod
     def for_spec(cls, spec: HandlerSpec) -> Invoker:
@@ -245,21 +266,22 @@ class Invoker:
         running = self.running
         running.enter(ctx)
         try:
-            function = self._function
+            function = self.function
             if function is None:
-                self._call_bean(argument, ctx)
-            elif self.takes_context:
-                function(argument, ctx)
-            else:
-                function(argument)
+                self.call_bean(argument, ctx)
+                return
+            result = function(argument, ctx) if self.takes_context else function(argument)
+            if result is not None:
+                refuse_awaitable(self.spec.name, result)
         finally:
             running.since = None  # Running.leave(), without the call
 
-    def _call_bean(self, argument: Any, ctx: Any) -> None:
+    def call_bean(self, argument: Any, ctx: Any) -> None:
+        """Call the bean instance's ``on_message`` (made on first use, discarded if it raises)."""
         args = (argument, ctx) if self.takes_context else (argument,)
         bean = self._instance()
         try:
-            bean.on_message(*args)
+            refuse_awaitable(f"{self.spec.name}.on_message", bean.on_message(*args))
         except BaseException:
             self.discard()
             raise

@@ -54,13 +54,34 @@ def read_signature(name: str, func: Callable[..., Any], *, method: bool, batch: 
         annotation = _element_of(name, annotation, first)
     positional = [p for p in params if p.kind in _POSITIONAL]
     takes_context = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
-    return Signature(annotation, takes_context, inspect.iscoroutinefunction(func))
+    return Signature(annotation, takes_context, is_async_callable(func))
+
+
+def is_async_callable(func: Any) -> bool:
+    """Whether calling ``func`` starts a coroutine: an ``async def``, also behind a decorator.
+
+    A plain ``def`` wrapper made with ``functools.wraps`` (logging, timing)
+    returns the coroutine of the ``async def`` it wraps; taken for a
+    synchronous handler, that coroutine would never be awaited and its
+    message acknowledged unprocessed. ``inspect.unwrap`` follows
+    ``__wrapped__`` to the function the decorator was given.
+    """
+    if inspect.iscoroutinefunction(func):
+        return True
+    try:
+        return inspect.iscoroutinefunction(inspect.unwrap(func))
+    except ValueError:  # a __wrapped__ cycle: nothing to follow
+        return False
 
 
 def _refuse_async_generator(name: str, func: Callable[..., Any]) -> None:
     """An ``async def`` with ``yield`` returns a generator, not something to await: its work
     would never run and its messages would be acknowledged unprocessed."""
-    if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
+    try:
+        inner = inspect.unwrap(func)
+    except ValueError:
+        inner = func
+    if any(inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f) for f in (func, inner)):
         raise ListenerError(
             f"{name}: a handler must return, not yield (a generator's body would never run "
             "and its messages would be acknowledged unprocessed): remove the yield"

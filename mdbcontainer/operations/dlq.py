@@ -21,34 +21,40 @@ acknowledged: closing the channel puts them back in their order.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from ..errors import BrokerUnavailable, DlqError, MdbError, PublishError
+from ..errors import BrokerUnavailable, DatabaseError, DlqError, MdbError, PublishError
 from ..message import content_type_of
-from ..pipeline.backout import REASON_INVALID, REASON_MISSING_ID, REASON_THRESHOLD
 from ..settings import Settings
+from ..state.database import database_errors
 from ..state.history import record_cli
 from ..support.crash import crash_point
 from ..support.failures import describe
 from ..support.outgoing import Outgoing
 from ..wire.connection import Broker, connection_errors
 from ..wire.delivery import Delivery, HeldMessages
+from ..wire.headers import (
+    BACKOUT_REASON,
+    BROKER_DELIVERY_COUNT,
+    EXCEPTION,
+    FAILED_AT,
+    ORIGINAL_DESTINATION,
+    PORT,
+    PREFIX,
+    REASON_INVALID,
+    REASONS,
+    REDELIVERY_COUNT,
+)
 from ..wire.publisher import Publisher
 from ..wire.queues import Browsed, QueueSession
 
-ORIGINAL_DESTINATION = "x-mdb-original-destination"
-EXCEPTION = "x-mdb-exception"
-BACKOUT_REASON = "x-mdb-backout-reason"
-# The broker's count of deliveries from the backout queue, not the message's own.
-BROKER_COUNT = "x-delivery-count"
 # The exception's last line, whole in the table's second line up to this many characters
 # (``mdb dlq show ID`` prints all of it).
 SUMMARY_WIDTH = 300
@@ -56,12 +62,17 @@ SUMMARY_WIDTH = 300
 # would scroll the headers and the exception out of sight.
 BODY_PREVIEW = 2000
 # Backouts the container makes itself (a failed delivery's work never committed).
-CONTAINER_REASONS = frozenset({REASON_THRESHOLD, REASON_INVALID, REASON_MISSING_ID})
+CONTAINER_REASONS = frozenset(REASONS)
 
 
 @dataclass(frozen=True)
-class DeadLetter:
-    """One message on a backout queue, as a person inspecting it wants to see it."""
+class BackedOutMessage:
+    """One message on a backout queue, as a person inspecting it wants to see it.
+
+    The command is ``mdb dlq`` and the default queue the setting ``dead_letter_queue``
+    (IBM MQ's names, fixed by the contract), but the message was backed out:
+    dead-lettering is the broker's own move of an expired or rejected message.
+    """
 
     queue: str
     id: str | None
@@ -87,14 +98,14 @@ class DeadLetter:
     def to_json(self) -> dict[str, Any]:
         """The ``mdb dlq list --json`` object (README: The mdb command), plus queue and encodings."""
         body, encoding = decode_for_display(self.body, self.content_type)
-        count = self.headers.get("x-mdb-redelivery-count")
+        count = self.headers.get(REDELIVERY_COUNT)
         return {
             "id": self.id,
             "original_destination": self.original_destination,
-            "port": _text_or_none(self.headers.get("x-mdb-port")),
+            "port": _text_or_none(self.headers.get(PORT)),
             "reason": _text_or_none(self.headers.get(BACKOUT_REASON)),
             "redelivery_count": count if isinstance(count, int) else None,
-            "failed_at": _text_or_none(self.headers.get("x-mdb-failed-at")),
+            "failed_at": _text_or_none(self.headers.get(FAILED_AT)),
             "headers": self.headers,
             "body": body,
             "queue": self.queue,
@@ -152,8 +163,8 @@ def header_text(value: Any) -> str:
 # -- reading messages ------------------------------------------------------------
 
 
-def _dead_letter(queue: str, message: Browsed) -> DeadLetter:
-    return DeadLetter(
+def _backed_out(queue: str, message: Browsed) -> BackedOutMessage:
+    return BackedOutMessage(
         queue=queue,
         id=_text_or_none(message.properties.get("message_id")),
         headers=message.headers,
@@ -179,7 +190,13 @@ def _session(broker: Broker) -> Iterator[QueueSession]:
 def _open_queue(broker: Broker, queues: QueueSession, queue: str) -> None:
     """Declare a backout queue the settings name; any other queue must already exist."""
     if queue in broker.settings.backout_queues():
-        queues.declare(queue)
+        try:
+            queues.declare(queue)
+        except connection_errors():
+            raise
+        except Exception as exc:  # it exists with other arguments: the broker closed the channel
+            raise DlqError(f"backout queue {queue!r} cannot be declared as the settings say: "
+                           f"{describe(exc)}") from exc
         return
     try:
         queues.status(queue)
@@ -190,20 +207,20 @@ def _open_queue(broker: Broker, queues: QueueSession, queue: str) -> None:
 
 
 def _browse_one(broker: Broker, queues: QueueSession, queue: str,
-                limit: int | None = None) -> tuple[list[DeadLetter], int]:
+                limit: int | None = None) -> tuple[list[BackedOutMessage], int]:
     """The first ``limit`` messages of ``queue`` (all with None), and how many it holds."""
     _open_queue(broker, queues, queue)
     taken, total = queues.browse(queue, limit)
-    return [_dead_letter(queue, m) for m in taken], total
+    return [_backed_out(queue, m) for m in taken], total
 
 
-def browse(settings: Settings, queue: str | None = None, limit: int | None = None) -> list[DeadLetter]:
+def browse(settings: Settings, queue: str | None = None, limit: int | None = None) -> list[BackedOutMessage]:
     """The messages of a backout queue (default: the dead-letter queue), in order; all stay."""
     return browse_page(settings, queue, limit)[0]
 
 
 def browse_page(settings: Settings, queue: str | None = None,
-                limit: int | None = None) -> tuple[list[DeadLetter], int]:
+                limit: int | None = None) -> tuple[list[BackedOutMessage], int]:
     """The first ``limit`` messages of a backout queue and how many it holds; all stay."""
     broker = Broker(settings)
     with _session(broker) as queues:
@@ -214,11 +231,11 @@ def _sources(settings: Settings, queue: str | None) -> list[str]:
     return [queue] if queue else settings.backout_queues()
 
 
-def find(settings: Settings, message_id: str, queue: str | None = None) -> list[DeadLetter]:
+def find(settings: Settings, message_id: str, queue: str | None = None) -> list[BackedOutMessage]:
     """Every copy of ``message_id`` on ``queue``, else on the backout queues the settings name."""
     broker = Broker(settings)
     sources = _sources(settings, queue)
-    found: list[DeadLetter] = []
+    found: list[BackedOutMessage] = []
     for source in sources:
         with _session(broker) as queues:  # one channel each: hand back before the next
             found += [d for d in _browse_one(broker, queues, source)[0] if d.id == message_id]
@@ -231,8 +248,11 @@ def find(settings: Settings, message_id: str, queue: str | None = None) -> list[
 
 
 def replay_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    """The headers the message had before it failed: no ``x-mdb-*``, no broker count."""
-    return {k: v for k, v in headers.items() if not k.startswith("x-mdb-") and k != BROKER_COUNT}
+    """The headers the message had before it failed: no ``x-mdb-*``, not the broker's count.
+
+    The broker's count is of deliveries from the backout queue, not the message's own.
+    """
+    return {k: v for k, v in headers.items() if not k.startswith(PREFIX) and k != BROKER_DELIVERY_COUNT}
 
 
 class Replayer:
@@ -248,9 +268,10 @@ class Replayer:
         self.to = to
         self.store = Store(settings.container)
         try:
-            self.store.create_tables()
-        except SQLAlchemyError as exc:
-            raise DlqError(f"database: {describe(exc)}") from exc
+            with database_errors():
+                self.store.create_tables()
+        except DatabaseError as exc:
+            raise DlqError(f"database: {exc}") from exc.__cause__
         self.counter = DeliveryCounter(self.store)
         self.dedup = Dedup(self.store)
         self.publisher = Publisher(self.broker)
@@ -263,12 +284,13 @@ class Replayer:
         if not destination:
             return f"message {mid!r} on {source} has no {ORIGINAL_DESTINATION} header: use --to"
         try:
-            if mid:
-                self.counter.reset(destination, str(mid))
-                self._forget_handled(message, str(mid), destination)
-            self._publish(message.copy_to(destination, replay_headers(message.headers), replace=True))
-        except SQLAlchemyError as exc:
-            raise DlqError(f"cannot reset the redelivery count: {describe(exc)}") from exc
+            with database_errors():
+                if mid:
+                    self.counter.reset(destination, str(mid))
+                    self._forget_handled(message, str(mid), destination)
+                self._publish(message.copy_to(destination, replay_headers(message.headers), replace=True))
+        except DatabaseError as exc:
+            raise DlqError(f"cannot reset the redelivery count: {exc}") from exc.__cause__
         except connection_errors() as exc:
             raise PublishError(f"publish to {destination!r} failed: {describe(exc)}") from exc
         crash_point("mid-replay")
@@ -284,11 +306,11 @@ class Replayer:
         of an earlier, interrupted replay, and must stay to absorb this one.
         """
         headers = message.headers
-        port = _text_or_none(headers.get("x-mdb-port"))
-        reason = _text_or_none(headers.get("x-mdb-backout-reason"))
+        port = _text_or_none(headers.get(PORT))
+        reason = _text_or_none(headers.get(BACKOUT_REASON))
         if (port and reason not in CONTAINER_REASONS
                 and destination == _text_or_none(headers.get(ORIGINAL_DESTINATION))):
-            self.dedup.forget(port, mid)
+            self.dedup.forget_once(port, mid, replay_key(port, mid, headers))
 
     def _publish(self, copy: Outgoing) -> None:
         """Declare the destination as the container does; publish confirmed, mandatory to queues."""
@@ -301,17 +323,30 @@ class Replayer:
         self.store.dispose()
 
 
+def replay_key(port: str, mid: str, headers: dict[str, Any]) -> str:
+    """What names one move of a message to a backout queue: port, id and when it was moved.
+
+    A hash, to fit the dedup table's id column whatever the id's length. The
+    same message moved again later (handled, then moved once more) has a new
+    ``x-mdb-failed-at``, so its replay forgets the row of that handling.
+    """
+    moved = _text_or_none(headers.get(FAILED_AT)) or ""
+    return hashlib.sha256("\x00".join((port, mid, moved)).encode()).hexdigest()
+
+
 def replay(
     settings: Settings, ids: list[str], *, replay_all: bool = False, queue: str | None = None,
-    to: str | None = None,
+    to: str | None = None, into: ReplayResult | None = None,
 ) -> ReplayResult:
     """Move the messages ``ids`` (or all) from ``queue``, else the settings' backout queues, back.
 
     Stops at the first message it cannot move (a refused publish, a database
-    error); that one and every message not selected stay where they were.
+    error); that one and every message not selected stay where they were. A
+    queue it cannot open, or a lost connection, raises: ``into`` is the result
+    to fill, so that the caller still sees what moved before.
     """
     broker = Broker(settings)
-    result = ReplayResult()
+    result = into if into is not None else ReplayResult()
     seen: set[str] = set()
     replayer = Replayer(settings, to)
     try:
@@ -362,12 +397,25 @@ def purge(settings: Settings, queue: str | None = None) -> tuple[str, int]:
 
 
 def replay_recorded(
-    settings: Settings, ids: list[str], replay_all: bool, queue: str | None, to: str | None
+    settings: Settings, ids: list[str], replay_all: bool, queue: str | None, to: str | None,
+    record: Callable[[str, str], None] | None = None,
 ) -> ReplayResult:
-    """``mdb dlq replay``: replay, and write what happened to the history."""
-    result = replay(settings, ids, replay_all=replay_all, queue=queue, to=to)
-    record_cli(settings, "replay", queue or ", ".join(settings.backout_queues()), replay_detail(
-        result, ids, replay_all, to))
+    """Replay, and write what happened to the history: ``record(target, detail)``, else as the CLI.
+
+    Also when the replay raises part-way (a backout queue it cannot open, a
+    lost connection): the messages moved before it are moved for good, and the
+    history says so and why it stopped. A history that cannot be written then does not hide that error.
+    """
+    write = record or (lambda target, detail: record_cli(settings, "replay", target, detail))
+    target = queue or ", ".join(settings.backout_queues())
+    result = ReplayResult()
+    try:
+        replay(settings, ids, replay_all=replay_all, queue=queue, to=to, into=result)
+    except Exception as exc:
+        with suppress(Exception):
+            write(target, f"{replay_detail(result, ids, replay_all, to)}; stopped: {describe(exc)}")
+        raise
+    write(target, replay_detail(result, ids, replay_all, to))
     return result
 
 

@@ -15,6 +15,8 @@ from ..settings import Settings, format_duration, parse_duration
 from ..state.control import STOPPED_BY_OPERATOR, Control
 from ..state.dedup import Dedup
 from ..state.history import record_cli
+from ..state.holds import Holds
+from ..state.outbox import Waiting
 from ..state.store import Store
 
 
@@ -22,6 +24,14 @@ def _store(settings: Settings) -> Store:
     store = Store(settings.container)
     store.create_tables()
     return store
+
+
+def outbox_waiting(settings: Settings) -> Waiting:
+    """The sends waiting in the outbox and the age of the oldest (``mdb outbox``, ``mdb ports``)."""
+    from ..state.outbox import Outbox
+    from ..wire.connection import Broker
+
+    return Outbox(_store(settings), Broker(settings)).waiting()
 
 
 def live_ports(settings: Settings) -> list[dict[str, Any]]:
@@ -58,6 +68,33 @@ class DedupPurge:
 
 def switch_port(settings: Settings, name: str, state: str) -> PortRequest:
     """Ask every running container (and the ones started later) to put port ``name`` in ``state``."""
+    _known_port(settings, name)
+    reason = "" if state == "started" else STOPPED_BY_OPERATOR
+    Control(_store(settings)).set_port(name, state, reason)
+    record_cli(settings, "start" if state == "started" else "stop", name, f"{state} requested")
+    return PortRequest(name, state, format_duration(settings.container.control_interval))
+
+
+@dataclass(frozen=True)
+class KeyRelease:
+    """What ``mdb port release PORT KEY`` did: whether the key was held, and how soon it goes on."""
+
+    port: str
+    key: str
+    released: bool
+    within: str
+
+
+def release_key(settings: Settings, name: str, key: str) -> KeyRelease:
+    """Release a held key of an ordered port in every running container (README "Ordered ports")."""
+    _known_port(settings, name)
+    released = Holds(_store(settings)).release(name, key)
+    if released:
+        record_cli(settings, "release", f"{name} {key}"[:255], "held key released")
+    return KeyRelease(name, key, released, format_duration(settings.container.control_interval))
+
+
+def _known_port(settings: Settings, name: str) -> None:
     from ..handlers.binding import bind
 
     known = {b.name for b in bind(settings)}
@@ -68,10 +105,6 @@ def switch_port(settings: Settings, name: str, state: str) -> PortRequest:
         raise ListenerError(
             f"no port {name!r} in {settings.source} (ports: {', '.join(sorted(known))}){hint}"
         )
-    reason = "" if state == "started" else STOPPED_BY_OPERATOR
-    Control(_store(settings)).set_port(name, state, reason)
-    record_cli(settings, "start" if state == "started" else "stop", name, f"{state} requested")
-    return PortRequest(name, state, format_duration(settings.container.control_interval))
 
 
 def purge_dedup(settings: Settings, older_than: str | None) -> DedupPurge:

@@ -29,7 +29,7 @@ def unsubscribe(broker: Broker, client_id: str, subscription: str) -> int:
     """
     queue = f"{client_id}.{subscription}"
     lock = None
-    if broker.is_embedded:
+    if broker.capabilities.local_file:
         lock = OwnerLock.for_queue(broker.embedded_path, queue)
         lock.acquire()  # held while deleting, so no container can start consuming meanwhile
     try:

@@ -4,7 +4,17 @@ The delivery pipeline decides *whether* a delivery is done; the port's
 ``acknowledge`` setting decides *when* the broker is told, through one
 :class:`Acknowledger` per consumer:
 
-- ``auto``: each message as its handler returns (after its transaction commits).
+- ``auto``: each message as its handler returns (after its transaction commits). A
+  once-only port whose consumer settles its deliveries one after the other, in delivery
+  order (the per-message pipeline, sync, not ordered by key), coalesces them: one
+  ``basic.ack`` with ``multiple`` for the run of deliveries settled since the last one,
+  sent when the consumer is about to wait for the socket, when the run reaches half the
+  prefetch (at most 50), or at the first settle a millisecond after the run began
+  (:data:`COALESCE_WAIT`). A crash meanwhile redelivers the run, and the dedup table
+  absorbs it (no handler runs twice, nothing counts as failed); a lost channel records its
+  hand-back, as for everything else the channel held. A port without the dedup table
+  acknowledges each message as its handler returns: a crash redelivers at most the one
+  whose handler had returned (JMS ``AUTO_ACKNOWLEDGE``).
 - ``client``: the handler decides. ``ctx.acknowledge()`` acknowledges this and
   every earlier message of the consumer (AMQP ``basic.ack`` with ``multiple``);
   ``ctx.recover()`` hands every unacknowledged one back to the queue; what is
@@ -37,15 +47,18 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import SettingsError
 from ..settings import PortSettings
 from ..state.counts import DeliveryCounter
+from ..support import crash
 from ..support.crash import crash_point
 from ..support.failures import describe
 from ..units.single import ClientAcknowledgment
 from ..wire.connection import Capabilities
+from ..wire.delays import came_back
 from ..wire.delivery import Delivery
 from ..wire.subscription import Subscription
 
@@ -53,7 +66,24 @@ log = logging.getLogger("mdbcontainer.acknowledge")
 
 LAZY_INTERVAL = 1.0
 LAZY_MAX_BATCH = 50
+# ``auto`` on a port that settles in delivery order: how long an acknowledgment may wait for
+# the ones after it (it never waits for the socket: the consumer sends it before it waits).
+COALESCE_WAIT = 0.001
 Held = tuple[Delivery, str]  # a delivery and its message id
+
+
+@dataclass
+class Seen:
+    """What a consumer had received and not ended when its channel went (a pipeline's ``release``).
+
+    ``started``: first deliveries, and redeliveries whose count was opened: their
+    hand-back closes them. ``unopened``: redeliveries whose count was not opened
+    yet: their hand-back opens and closes one delivery, so that an earlier one
+    nobody closed (a crash) still counts at the next redelivery (counts.py).
+    """
+
+    started: list[str | None] = field(default_factory=list)
+    unopened: list[str | None] = field(default_factory=list)
 
 
 class PortInfo(Protocol):
@@ -93,17 +123,38 @@ class Acknowledger:
     """``auto``: acknowledge each message as its handler returns."""
 
     transacted = False
+    # Whether :meth:`tick` has work between drains: a mode that holds acknowledgments says so,
+    # and the consumer's loop asks only those, not every mode once a drain.
+    ticks = False
 
     def __init__(self, port: PortInfo) -> None:
         self.port = port
         self.sub: Subscription | None = None
         self._current: Held | None = None
         self._held: list[Held] = []
+        self._coalesce = 1  # deliveries per acknowledgment (coalesce_in_order)
+        self._owed: list[Delivery] = []  # settled, their acknowledgment not yet sent
+        self._owed_since = 0.0
+
+    def coalesce_in_order(self) -> None:
+        """The pipeline settles every delivery before it takes the next one, in delivery order:
+        on a once-only port, acknowledge runs of them with one ``basic.ack`` with ``multiple``.
+
+        Sound only then: the acknowledgment of the latest covers every earlier
+        delivery of the channel, and each of those is settled already (its fate
+        told to the broker, or owed here). Not for the modes that hold or
+        commit (client, dups_ok, transacted), nor for pipelines that run
+        deliveries side by side (async, ordered by key) or gather them (batches);
+        nor without the dedup table, which absorbs what a crash redelivers.
+        """
+        if type(self) is Acknowledger and self.port.settings.is_once_only:
+            self._coalesce = max(1, min(LAZY_MAX_BATCH, self.port.settings.prefetch // 2))
 
     def attach(self, sub: Subscription) -> None:
         """A new channel; whatever the previous one held went back to the queue with it."""
         self.sub = sub
         self._held = []
+        self._owed = []
 
     def deliver(self, pipeline: Callable[[Delivery], None]) -> Callable[[Delivery], None]:
         """The channel's message callback (the transacted mode commits after each delivery)."""
@@ -115,10 +166,40 @@ class Acknowledger:
         return None
 
     def settle(self, delivery: Delivery) -> None:
-        """The delivery is done (its work committed): acknowledge it, now or later."""
-        delivery.ack()
+        """The delivery is done (its work committed): acknowledge it, now or later.
 
-    def settle_many(self, deliveries: list[Delivery]) -> None:
+        The crash point ``after-ack`` is reached as the broker is told (for the
+        modes that hold or commit, as the mode took the delivery).
+        """
+        if self._coalesce == 1:
+            delivery.ack()
+            if crash.ARMED:
+                crash_point("after-ack")
+            return
+        owed = self._owed
+        now = time.monotonic()
+        if not owed:
+            self._owed_since = now
+        owed.append(delivery)
+        if len(owed) >= self._coalesce or now - self._owed_since >= COALESCE_WAIT:
+            self.flush_owed()
+
+    def flush_owed(self) -> None:
+        """Send the acknowledgment owed (coalesce_in_order): one ``basic.ack`` with ``multiple``.
+
+        The consumer calls it before it waits for the socket, so an
+        acknowledgment never waits for the next delivery to come.
+        """
+        owed = self._owed
+        if not owed:
+            return
+        owed[-1].ack(multiple=len(owed) > 1)
+        self._owed = []  # not before: a channel lost meanwhile records their hand-back (release)
+        if crash.ARMED:
+            for _ in owed:
+                crash_point("after-ack")
+
+    def settle_many(self, deliveries: list[Delivery], *, one_by_one: bool = False) -> None:
         """A batch is done (its work committed): one ``basic.ack`` with ``multiple`` on its last.
 
         The batch's deliveries are the channel's only unsettled ones up to the
@@ -126,7 +207,10 @@ class Acknowledger:
         decided (expired, a duplicate, backed out, failed, handed back), so the
         one acknowledgment covers exactly the batch. Only ``auto`` batches.
         """
-        if deliveries:
+        if one_by_one:  # earlier deliveries are still held (an ordered port's waiting keys)
+            for delivery in deliveries:
+                delivery.ack()
+        elif deliveries:
             deliveries[-1].ack(multiple=True)
 
     def discard(self, delivery: Delivery) -> None:
@@ -137,9 +221,16 @@ class Acknowledger:
         """A failed delivery (already counted) goes back to its queue."""
         delivery.requeue()
 
-    def hand_back(self, delivery: Delivery, message_id: str | None) -> None:
-        """Return an unprocessed delivery without counting it: record first, then requeue."""
-        self._record_hand_back([message_id] if message_id else [])
+    def hand_back(self, delivery: Delivery, message_id: str | None, *, counted: bool = True) -> None:
+        """Return an unprocessed delivery without counting it: record first, then requeue.
+
+        ``counted=False``: handed back before step 4 (a redelivery's count not opened yet).
+        """
+        ids = [message_id] if message_id else []
+        if not counted and (delivery.redelivered or came_back(delivery)):
+            self._record_hand_back([], ids)
+        else:
+            self._record_hand_back(ids)
         delivery.requeue()
 
     def consumed(self, delivery: Delivery) -> bool:
@@ -151,25 +242,32 @@ class Acknowledger:
 
     def close(self) -> None:
         """Graceful stop, channel still open: flush, or hand back what is held."""
+        self.flush_owed()
 
-    def release(self) -> None:
-        """The channel is closing or lost: the broker requeues what is held.
+    def release(self, seen: Seen) -> None:
+        """The channel is closing or lost: the broker requeues what is held, and what the
+        pipeline had ``seen`` and not ended (its ``release``).
 
-        Nothing is written: records made now would come after the broker
-        requeued, too late for a competing consumer. The connection's lease,
-        ended by the consumer, says that none of its deliveries counts (counts.py).
+        Their hand-back is recorded, so that their redelivery counts nothing even
+        while a death on the queue is evidence (counts.py). A competing consumer
+        may receive them before this record: then the connection's lease, still
+        open with its holder alive, says so.
         """
-        self._held = []
+        held, self._held = self._held, []
+        owed, self._owed = self._owed, []  # handled, their acknowledgment lost with the channel
+        started = [i for i in [*seen.started, *(message_id for _, message_id in held),
+                               *(delivery.message_id for delivery in owed)] if i]
+        self._record_hand_back(started, [i for i in seen.unopened if i])
 
-    def _record_hand_back(self, ids: list[str]) -> None:
-        if not ids:
+    def _record_hand_back(self, ids: list[str], unopened: list[str] | None = None) -> None:
+        if not ids and not unopened:
             return
         port = self.port
         try:
-            port.counter.hand_back(port.queue, ids)
+            port.counter.hand_back(port.queue, ids, unopened=unopened or [])
         except Exception as exc:  # the database is away: those messages may count once more
-            log.warning("port %s: could not record %d hand-back(s): %s", port.name, len(ids),
-                        describe(exc))
+            log.warning("port %s: could not record %d hand-back(s): %s", port.name,
+                        len(ids) + len(unopened or []), describe(exc))
 
 
 class ClientAcknowledger(Acknowledger):
@@ -208,12 +306,13 @@ class ClientAcknowledger(Acknowledger):
     def settle(self, delivery: Delivery) -> None:
         assert self._current is not None and self._current[0] is delivery
         if delivery.acknowledged:
-            return
-        if self._recovering:
+            pass
+        elif self._recovering:
             self._hand_back([self._current])
-            return
-        self._held.append(self._current)
-        self._warn_if_starving()
+        else:
+            self._held.append(self._current)
+            self._warn_if_starving()
+        crash_point("after-ack")
 
     def consumed(self, delivery: Delivery) -> bool:
         return delivery.acknowledged
@@ -242,6 +341,8 @@ class ClientAcknowledger(Acknowledger):
 class LazyAcknowledger(Acknowledger):
     """``dups_ok``: acknowledge in batches (count or time), with one multiple ack each."""
 
+    ticks = True
+
     def __init__(self, port: PortInfo, batch: int, interval: float = LAZY_INTERVAL) -> None:
         super().__init__(port)
         self.batch = batch
@@ -255,6 +356,7 @@ class LazyAcknowledger(Acknowledger):
         self._held.append(self._current)
         if len(self._held) >= self.batch:
             self.flush()
+        crash_point("after-ack")
 
     def tick(self) -> None:
         if self._held and time.monotonic() - self._since >= self.interval:

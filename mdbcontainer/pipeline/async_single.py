@@ -18,21 +18,25 @@ import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any
+from typing import Any, TypeVar
 
 import tenacity
 
 from ..handlers.registry import Invoker, Running
 from ..message import Message
+from ..state.database import is_infrastructure
 from ..support.crash import crash_point
 from ..support.logs import fields
 from ..support.retry import DEFAULT as RETRY
 from ..units.async_single import AsyncResources, AsyncUnitOfWork, async_resources, async_unit_class, dispose
 from ..units.context import MessageContext
-from ..units.single import Outcome, is_infrastructure
+from ..units.single import Outcome
 from ..wire.connection import connection_errors
+from ..wire.delays import came_back
 from ..wire.delivery import Delivery
 from ..wire.subscription import Subscription
+from .acknowledge import Seen
+from .attempt import Attempt
 from .loop import Watchdog, WriteGate
 from .single import _GAVE_UP, ConsumerView, Pipeline, PortView
 
@@ -40,6 +44,7 @@ log = logging.getLogger("mdbcontainer.pipeline")
 
 _IDLE = 0.5  # the longest the loop waits for the socket before it looks at its port again
 _POLL = 0.005  # a transport without a socket (the embedded broker) is polled this often while busy
+T = TypeVar("T")
 
 
 class AsyncPipeline(Pipeline):
@@ -53,6 +58,8 @@ class AsyncPipeline(Pipeline):
         self.tasks: dict[asyncio.Task[None], Delivery] = {}
         self.waiting: deque[Delivery] = deque()
         self._in_unit: set[Delivery] = set()  # deliveries whose unit of work has not ended
+        self._counting: set[Delivery] = set()  # deliveries in steps 1-6: a redelivery's count unopened
+        self._counted: set[Delivery] = set()  # failures counted, their step 8 not ended
         self._free = [self.invoker]  # bean instances not in use: one task at a time each
         self._invokers = [self.invoker]
         self._units: AsyncResources | None = None
@@ -112,36 +119,102 @@ class AsyncPipeline(Pipeline):
     # -- one delivery --------------------------------------------------------
 
     async def _handle(self, delivery: Delivery) -> None:
-        begun = time.monotonic()  # this delivery's: the log lines of the shared steps read _started
-        span = self.tracing.process(delivery)  # current in this task's context (each task has its own)
+        # This delivery's own state, carried through the shared steps (the tasks run side by side);
+        # its span is current in this task's context (each task has its own).
+        attempt = Attempt(delivery, time.monotonic(), self.tracing.process(delivery))
+        counted = False  # steps 1-6 passed: a redelivery's count is open
         try:
-            async with self.gate.writing(delivery.redelivered or self.port.stopping):
-                self._started = begun
-                message = self._through_outages(lambda: self._prepare(delivery))  # steps 1-6
-            if message is _GAVE_UP:
+            self._counting.add(delivery)
+            try:
+                message = await self._write_through_outages(lambda: self._prepare(attempt),
+                                                            self._writes_first(delivery))  # steps 1-6
+            finally:
+                self._counting.discard(delivery)
+            counted = True
+            if message is _GAVE_UP:  # the count's outage outlasted the port: it was not opened
                 async with self.gate.writing():
-                    self.acks.hand_back(delivery, delivery.message_id)
+                    self.acks.hand_back(delivery, delivery.message_id, counted=False)
             elif message is not None:
-                await self._deliver_async(delivery, message, self._argument, begun)
+                await self._deliver_async(attempt, message)
         except asyncio.CancelledError:  # a stop that could not wait longer: back, uncounted
             async with self.gate.writing():
-                self._cancelled(delivery)
+                self._cancelled(delivery, counted)
         except connection_errors():
             raise
         except Exception as exc:
-            self._internal_error(delivery, exc)
+            async with self.gate.writing():  # it stops the port: a write on the loop's thread
+                self._internal_error(delivery, exc)
         finally:
-            span.end()
+            attempt.span.end()
 
-    async def _deliver_async(self, delivery: Delivery, message: Message, argument: Any,
-                             begun: float) -> None:
+    def _writes_first(self, delivery: Delivery) -> bool:
+        """Whether steps 1-6 may write: a redelivery's count, and a copy back from a wait is one
+        too (its broker flag is off); a hand-back while stopping."""
+        return (delivery.redelivered or self.port.stopping or self.consumer.handing_back
+                or came_back(delivery))
+
+    async def _write_through_outages(self, call: Callable[[], T], writes: bool = True) -> Any:
+        """``call()`` on the loop's thread, behind the write gate when it ``writes``, held while the
+        database is away (``_GAVE_UP`` when the port stops meanwhile).
+
+        The waits are awaited, never slept on the loop's thread: the other tasks go on (one may
+        hold SQLite's write lock across an await), and so do the connection's heartbeats.
+        """
+        try:
+            async with self.gate.writing(writes):
+                return call()
+        except Exception as exc:
+            if not is_infrastructure(exc):
+                raise
+            self.resources.outage("database", exc)
+
+        def away(state: tenacity.RetryCallState) -> None:
+            if state.outcome is not None and state.outcome.failed:
+                self.resources.outage("database", state.outcome.exception())
+
+        async def attempt() -> T:
+            async with self.gate.writing(writes):
+                return call()
+
+        retrying = RETRY.until_stopped_async(self.port.stop_event, before_sleep=away,
+                                             give_up=lambda _state: _GAVE_UP,
+                                             retry=tenacity.retry_if_exception(is_infrastructure))
+        result: Any = await retrying(attempt)
+        if result is not _GAVE_UP:
+            self.resources.recovered("database")
+        return result
+
+    async def _deliver_async(self, attempt: Attempt, message: Message) -> None:
         started = time.perf_counter()
         crash_point("before-handler")
+        delivery, argument = attempt.delivery, attempt.argument
         outcome = await self._through_outages_async(lambda: self._run_async(delivery, message, argument))
+        if outcome is not _GAVE_UP and outcome.kind == "failed":
+            await self._failed_async(attempt, message, outcome, started)
+            return
         writes = outcome is _GAVE_UP or outcome.kind != "handled" or bool(outcome.pending)
         async with self.gate.writing(writes):
-            self._started = begun
-            self._conclude(delivery, message, outcome, started)  # step 8, as the synchronous pipeline's
+            self._conclude(attempt, message, outcome, started)  # step 8, as the synchronous pipeline's
+
+    async def _failed_async(self, attempt: Attempt, message: Message, outcome: Outcome,
+                            started: float) -> None:
+        """Step 8 of a failed delivery: the synchronous pipeline's ``_failed``, its count held
+        through an outage on the loop (awaited, not slept)."""
+        async with self.gate.writing():
+            self.tally.handler.observe(time.perf_counter() - started)
+            text = self._failing(attempt, message, outcome)
+        if text is None:
+            return
+        counted = await self._write_through_outages(
+            lambda: self.resources.counter.fail(self.queue, message.id, text))
+        delivery = attempt.delivery
+        if counted is not _GAVE_UP:  # closed by its count: a lost channel hands nothing back for it
+            self._counted.add(delivery)
+        try:
+            async with self.gate.writing():
+                self._after_count(attempt, message, outcome, text, counted)
+        finally:
+            self._counted.discard(delivery)
 
     async def _run_async(self, delivery: Delivery, message: Message, argument: Any) -> Outcome:
         unit = self.async_unit(
@@ -181,9 +254,9 @@ class AsyncPipeline(Pipeline):
             self.resources.recovered("database")
         return result
 
-    def _cancelled(self, delivery: Delivery) -> None:
-        if not self._lost:  # else the broker requeues it with the channel, under the lease (counts.py)
-            self.acks.hand_back(delivery, delivery.message_id)
+    def _cancelled(self, delivery: Delivery, counted: bool) -> None:
+        if not self._lost:  # else released: its hand-back is the consumer's to record (counts.py)
+            self.acks.hand_back(delivery, delivery.message_id, counted=counted)
 
     def _resources(self) -> AsyncResources:
         """The async engine of this loop, made on first use (its connections belong to the loop)."""
@@ -240,7 +313,7 @@ class AsyncPipeline(Pipeline):
                     await asyncio.sleep(0)  # the tasks just started take their first step
                 elif fd is not None:
                     await self._readable()
-                elif self.tasks:
+                elif self._busy():
                     await asyncio.sleep(_POLL)
                 else:
                     sub.drain(self.wait_limit(_IDLE))
@@ -250,6 +323,10 @@ class AsyncPipeline(Pipeline):
                 self.loop.remove_reader(fd)
             ticker.cancel()
             self.watchdog.stop()
+
+    def _busy(self) -> bool:
+        """Whether the loop has work of its own to come back to (a transport without a socket polls)."""
+        return bool(self.tasks)
 
     async def _readable(self) -> None:
         """Until the socket has something to read, or ``_IDLE`` seconds (cheaper than wait_for)."""
@@ -298,11 +375,20 @@ class AsyncPipeline(Pipeline):
     def hand_back_gathered(self) -> None:
         waiting, self.waiting = list(self.waiting), deque()
         for delivery in waiting:
-            self.acks.hand_back(delivery, delivery.message_id)
+            self.acks.hand_back(delivery, delivery.message_id, counted=False)
 
-    def release(self) -> None:
-        """The channel is gone: waiting deliveries and running tasks go back with it, uncounted
-        (the connection's lease says so, counts.py)."""
+    def release(self) -> Seen:
+        """The channel is gone: waiting deliveries and running tasks go back with it, uncounted;
+        what they were is returned, for the consumer to record their hand-back (counts.py)."""
+        seen, running = Seen(), set(self.tasks.values())
+        for delivery in [*self.waiting, *running]:
+            if delivery in self._counted:
+                continue
+            opened = delivery in running and delivery not in self._counting  # steps 1-6 passed
+            if not opened and (delivery.redelivered or came_back(delivery)):
+                seen.unopened.append(delivery.message_id)
+            else:
+                seen.started.append(delivery.message_id)
         self.waiting = deque()
         if self.tasks:
             self._lost = True
@@ -311,6 +397,7 @@ class AsyncPipeline(Pipeline):
             finally:
                 self._lost = False
         self._broken = None
+        return seen
 
     def close(self) -> None:
         """The consumer ends: tear the beans down, dispose of the async engine, close the loop."""

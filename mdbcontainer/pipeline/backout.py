@@ -20,10 +20,15 @@ from ..state.store import utcnow
 from ..support.crash import crash_point
 from ..support.outgoing import Outgoing
 from ..wire.delivery import Delivery
-
-REASON_THRESHOLD = "backout-threshold"
-REASON_INVALID = "invalid-body"
-REASON_MISSING_ID = "missing-message-id"
+from ..wire.headers import (
+    BACKOUT_REASON,
+    EXCEPTION,
+    FAILED_AT,
+    ORIGINAL_DESTINATION,
+    PORT,
+    PREFIX,
+    REDELIVERY_COUNT,
+)
 
 
 def backout_headers(
@@ -37,14 +42,14 @@ def backout_headers(
     failed_at: datetime | None = None,
 ) -> dict[str, Any]:
     """The original headers plus the ``x-mdb-*`` failure headers (README: Headers on a backed-out message)."""
-    out = {k: v for k, v in headers.items() if not k.startswith("x-mdb-")}
+    out = {k: v for k, v in headers.items() if not k.startswith(PREFIX)}
     out.update({
-        "x-mdb-backout-reason": reason,
-        "x-mdb-original-destination": destination,
-        "x-mdb-port": port,
-        "x-mdb-redelivery-count": count,
-        "x-mdb-exception": exception or "",
-        "x-mdb-failed-at": (failed_at or utcnow()).isoformat(),
+        BACKOUT_REASON: reason,
+        ORIGINAL_DESTINATION: destination,
+        PORT: port,
+        REDELIVERY_COUNT: count,
+        EXCEPTION: exception or "",
+        FAILED_AT: (failed_at or utcnow()).isoformat(),
     })
     return out
 

@@ -35,7 +35,6 @@ for it and acknowledges nothing (the broker requeues, dedup absorbs).
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import threading
@@ -49,19 +48,19 @@ from typing import Any, TypeVar
 from ..errors import PublishError
 from ..message import Message
 from ..sending.replies import mark_consumer_thread
+from ..support import clock
 from ..support.crash import crash_point
 from ..support.failures import describe
 from ..support.outgoing import Outgoing
-from ..support.tracing import Active
-from ..units.async_batch import AsyncBatchRunner
-from ..units.async_single import AsyncUnitOfWork, async_resources, async_unit_class, dispose
+from ..support.tracing import NOTHING, Active
 from ..units.batch import BatchItem, BatchOutcome, BatchRunner
-from ..units.context import MessageContext
-from ..units.single import Outcome, claims_first
+from ..units.sequence import claims_first
+from ..units.single import Outcome
 from ..wire.connection import connection_errors
 from ..wire.delivery import Delivery
 from ..wire.publisher import Publish
-from .async_single import AsyncPipeline
+from .acknowledge import Seen
+from .attempt import Attempt
 from .single import _GAVE_UP, ConsumerView, Pipeline, PortView
 
 log = logging.getLogger("mdbcontainer.batching")
@@ -93,6 +92,11 @@ class _InFlight:
 class BatchPipeline(Pipeline):
     """The pipeline of a batched port (``batch_size > 1``, or a ``batch=True`` handler)."""
 
+    # Deliveries older than a batch may still be unacknowledged (an ordered port's waiting keys):
+    # then a batch is acknowledged message by message, not with one ``multiple`` ack.
+    keeps_unacknowledged = False
+    gathers = True
+
     def __init__(self, port: PortView, consumer: ConsumerView) -> None:
         super().__init__(port, consumer)
         self.size = self.settings.batch_size
@@ -113,12 +117,12 @@ class BatchPipeline(Pipeline):
 
     # -- gathering ---------------------------------------------------------
 
-    def _deliver(self, delivery: Delivery, message: Message) -> None:
+    def _deliver(self, attempt: Attempt, message: Message) -> None:
         """Steps 1-6 passed: the delivery joins the batch being gathered."""
-        self._span.drop()  # the batch's span stands for it
+        attempt.span.drop()  # the batch's span stands for it
         if not self._gathered:
-            self._first_at = time.monotonic()
-        self._gathered.append(_Gathered(delivery, message, self._argument))
+            self._first_at = clock.monotonic()
+        self._gathered.append(_Gathered(attempt.delivery, message, attempt.argument))
         if len(self._gathered) >= self.size:
             self.flush()
 
@@ -127,7 +131,7 @@ class BatchPipeline(Pipeline):
         (and briefly while a batch is in flight, to settle it soon after its commit)."""
         limit = idle
         if self._gathered:
-            limit = max(0.0, min(idle, self._first_at + self.linger - time.monotonic()))
+            limit = max(0.0, min(idle, self._first_at + self.linger - clock.monotonic()))
         if self._in_flight is not None:
             limit = min(limit, _POLL)
         return limit
@@ -138,7 +142,7 @@ class BatchPipeline(Pipeline):
         flight = self._in_flight
         if flight is not None and flight.future.done():
             return True
-        return bool(self._gathered) and time.monotonic() - self._first_at >= self.linger
+        return bool(self._gathered) and clock.monotonic() - self._first_at >= self.linger
 
     def tick(self) -> None:
         """Between deliveries: settle the batch whose unit of work is done; run the batch whose
@@ -146,7 +150,7 @@ class BatchPipeline(Pipeline):
         flight = self._in_flight
         if flight is not None and flight.future.done():
             self.settle_in_flight()
-        if self._gathered and time.monotonic() - self._first_at >= self.linger:
+        if self._gathered and clock.monotonic() - self._first_at >= self.linger:
             self.flush()
 
     def hand_back_gathered(self) -> None:
@@ -161,20 +165,22 @@ class BatchPipeline(Pipeline):
         for item in gathered:
             self.acks.hand_back(item.delivery, item.message.id)
 
-    def release(self) -> None:
+    def release(self) -> Seen:
         """The channel is gone: the broker requeues the gathered batch, and the one in flight.
 
         The batch in flight is waited for (its commit, if it came, makes its
-        redeliveries duplicates) and acknowledges nothing. Nothing is written:
-        the connection's lease, ended by the consumer, says that none of its
-        deliveries counts (counts.py).
+        redeliveries duplicates) and acknowledges nothing. Both batches' ids are
+        returned: the consumer records their hand-back (counts.py).
         """
         flight, self._in_flight = self._in_flight, None
+        seen = Seen([item.message.id for item in self._gathered])  # steps 1-6 passed: counted
         if flight is not None:
             with suppress(Exception):
                 flight.future.result()
             flight.context.run(flight.span.end)
+            seen.started += [item.message.id for item in flight.batch]
         self._gathered = []
+        return seen
 
     def close(self) -> None:
         """The consumer ends: its batch worker (idle: release or the hand-back waited) goes too."""
@@ -197,7 +203,8 @@ class BatchPipeline(Pipeline):
         if not batch:
             return
         consumer = self.consumer
-        consumer.delivering_since = self._started = time.monotonic()
+        consumer.delivering_since = started = time.monotonic()  # the batch's log lines count from here
+        span: Active = NOTHING
         try:
             if self.port.stopping or consumer.handing_back:
                 for item in batch:
@@ -205,19 +212,19 @@ class BatchPipeline(Pipeline):
                 return
             self.tally.sizes.observe(len(batch))
             if len(batch) == 1:  # alone already: the per-message path, exactly
-                self._alone(batch[0])
+                self._alone(batch[0], started)
             elif self.overlap:
-                self._start(batch)
+                self._start(batch, started)
             else:
-                self._span = self.tracing.batch([item.delivery for item in batch])
+                span = self.tracing.batch([item.delivery for item in batch])
                 outcome, seconds = self._work(self._items(batch))
-                self._conclude_batch(batch, outcome, seconds)
+                self._conclude_batch(batch, outcome, seconds, started)
         except connection_errors():
             raise  # the broker is gone: the consumer reconnects; the broker requeues
         except Exception as exc:
             self._container_error(batch, exc)
         finally:
-            self._span.end()
+            span.end()
             consumer.delivering_since = None
             consumer.alive_at = time.monotonic()
 
@@ -246,7 +253,7 @@ class BatchPipeline(Pipeline):
 
     # -- overlap -----------------------------------------------------------
 
-    def _start(self, batch: list[_Gathered]) -> None:
+    def _start(self, batch: list[_Gathered], started: float) -> None:
         """Start the batch's unit of work on the batch worker; the consumer settles it later."""
         context = contextvars.copy_context()  # the batch span current there, not in the consumer
         span = context.run(self.tracing.batch, [item.delivery for item in batch])
@@ -256,7 +263,7 @@ class BatchPipeline(Pipeline):
                 initializer=mark_consumer_thread, initargs=(self.port.name, self.settings))
         items = self._items(batch)
         future = self._worker.submit(context.run, self._work, items)
-        self._in_flight = _InFlight(batch, future, context, span, self._started)
+        self._in_flight = _InFlight(batch, future, context, span, started)
 
     def settle_in_flight(self) -> None:
         """Wait for the batch in flight (heartbeats go on meanwhile), then settle it here, on the
@@ -280,7 +287,7 @@ class BatchPipeline(Pipeline):
         try:
             if isinstance(done, BaseException):
                 raise done
-            self._conclude_batch(flight.batch, *done)
+            self._conclude_batch(flight.batch, *done, flight.started)
         except connection_errors():
             raise
         except Exception as exc:
@@ -290,23 +297,25 @@ class BatchPipeline(Pipeline):
 
     # -- concluding ----------------------------------------------------------
 
-    def _conclude_batch(self, batch: list[_Gathered], outcome: Any, seconds: float) -> None:
+    def _conclude_batch(self, batch: list[_Gathered], outcome: Any, seconds: float,
+                        started: float) -> None:
+        """Settle the batch, or run its messages alone (``started``: the batch's start)."""
         if outcome is _GAVE_UP:
             for item in batch:
                 self.acks.hand_back(item.delivery, item.message.id)
             return
         self.tally.handler.observe(seconds)
         if outcome.kind in ("failed", "conflict"):
-            self._fall_back(batch, outcome)
+            self._fall_back(batch, outcome, started)
         else:
-            self._settle_batch(batch, outcome)
+            self._settle_batch(batch, outcome, started)
 
     def _hold(self, call: Callable[[], Outcome]) -> Outcome | None:
         """One message of a batch without a transaction, held through a database outage as alone."""
         outcome = self._through_outages(call, failed=lambda o: o.kind == "infrastructure")
         return None if outcome is _GAVE_UP else outcome
 
-    def _fall_back(self, batch: list[_Gathered], outcome: BatchOutcome) -> None:
+    def _fall_back(self, batch: list[_Gathered], outcome: BatchOutcome, started: float) -> None:
         """Roll back (done), count nothing, and run each message alone in its own unit of work."""
         self.tally.fallbacks += 1
         if outcome.kind == "failed":
@@ -321,33 +330,34 @@ class BatchPipeline(Pipeline):
                 for rest in batch[index:]:
                     self.acks.hand_back(rest.delivery, rest.message.id)
                 return
-            self._alone(item)
+            self._alone(item, started)
             crash_point("mid-acks")
 
-    def _alone(self, item: _Gathered) -> None:
-        self._argument = item.argument
+    def _alone(self, item: _Gathered, started: float) -> None:
+        """One gathered message through steps 7-8 alone, in its own span."""
         span = self.tracing.process(item.delivery)  # alone: the message's own span
         try:
             self.tracing.counted(item.message.redelivery_count)
-            super()._deliver(item.delivery, item.message)
+            super()._deliver(Attempt(item.delivery, started, span, item.argument), item.message)
         finally:
             span.end()
 
-    def _run(self, delivery: Delivery, message: Message) -> Outcome:
+    def _run(self, attempt: Attempt, message: Message) -> Outcome:
         """One message alone: a batch handler gets a list of one; a per-message one runs as ever."""
         if not self.invoker.spec.batch:
-            return super()._run(delivery, message)
-        result = self.runner.run([BatchItem(message, self._argument, self._mover(delivery))],
+            return super()._run(attempt, message)
+        delivery = attempt.delivery
+        result = self.runner.run([BatchItem(message, attempt.argument, self._mover(delivery))],
                                  client_ack=self.acks.begin(delivery, message.id))
         if result.kind == "conflict" or (result.kind == "handled" and result.duplicates):
-            return Outcome("duplicate")
+            return Outcome("duplicate_skipped")
         if result.kind != "handled":
             return Outcome(result.kind, result.error)
         return Outcome("handled", pending=result.pending, direct=[s for _, s in result.direct])
 
     # -- settling ----------------------------------------------------------
 
-    def _settle_batch(self, batch: list[_Gathered], outcome: BatchOutcome) -> None:
+    def _settle_batch(self, batch: list[_Gathered], outcome: BatchOutcome, started: float) -> None:
         if outcome.pending:
             try:
                 self.resources.outbox.dispatch(self.consumer.publisher, outcome.pending)
@@ -357,11 +367,13 @@ class BatchPipeline(Pipeline):
         failed = dict(outcome.failed)
         for index, error in self._publish_direct(outcome.direct).items():
             if index < 0:  # a batch handler's send: the batch is not done, run each alone
-                self._fall_back(batch, BatchOutcome("failed", error))
+                self._fall_back(batch, BatchOutcome("failed", error), started)
                 return
             failed.setdefault(index, Outcome("failed", error))
         for index in sorted(failed):  # transaction none: a failing message fails alone
-            self._failed(batch[index].delivery, batch[index].message, failed[index])
+            item = batch[index]
+            self._failed(Attempt(item.delivery, started, argument=item.argument), item.message,
+                         failed[index])
         for index in outcome.held_back:  # the port stopped during an outage: back uncounted
             self.acks.hand_back(batch[index].delivery, batch[index].message.id)
         duplicates = [batch[i] for i in outcome.duplicates]
@@ -370,7 +382,7 @@ class BatchPipeline(Pipeline):
         if duplicates:
             crash_point("mid-acks")
         handled = [batch[i] for i in outcome.handled if i not in failed]
-        self.acks.settle_many([item.delivery for item in handled])
+        self.acks.settle_many([item.delivery for item in handled], one_by_one=self.keeps_unacknowledged)
         crash_point("after-ack")
         tally = self.tally
         tally.outcomes["duplicate_skipped"] += len(duplicates)
@@ -417,48 +429,3 @@ def _wait(future: Future[T]) -> T | BaseException:
         return future.result()
     except BaseException as exc:  # raised again on the consumer thread, in the batch's context
         return exc
-
-
-class AsyncBatchPipeline(BatchPipeline):
-    """A batched port with an async handler: the batch path as it is, its units of work awaited
-    on the consumer's own event loop (one batch at a time; see docs/architecture.md)."""
-
-    def __init__(self, port: PortView, consumer: ConsumerView) -> None:
-        super().__init__(port, consumer)
-        self.loop = asyncio.new_event_loop()
-        self.async_unit = async_unit_class(self.settings.transaction, self.settings.transaction_attribute)
-        self.units = async_resources(self.resources.units, 1, self.async_unit is not AsyncUnitOfWork)
-        self.runner = AsyncBatchRunner(port.name, self.resources.units, self.invoker,
-                                       transaction=self.settings.transaction,
-                                       attribute=self.settings.transaction_attribute,
-                                       once_only=self.once_only, loop=self.loop, units=self.units)
-        self.overlap = False  # its units of work run on the consumer's event loop
-
-    def _run(self, delivery: Delivery, message: Message) -> Outcome:
-        if self.invoker.spec.batch:  # a list of one, through the runner
-            return super()._run(delivery, message)
-        unit = self.async_unit(self.port.name, message.id, self.units, once_only=self.once_only,
-                               move_copy=self._mover(delivery))
-        return self.async_runner.one(unit, self._argument, MessageContext(message, self.port.name, unit))
-
-    @property
-    def async_runner(self) -> AsyncBatchRunner:
-        assert isinstance(self.runner, AsyncBatchRunner)
-        return self.runner
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.invoker.adiscard())
-        with suppress(Exception):
-            self.loop.run_until_complete(dispose(self.units))
-        self.loop.close()
-
-
-def pipeline_for(port: PortView, consumer: ConsumerView) -> Pipeline:
-    """The per-message pipeline, or the batch pipeline of a batched port."""
-    if (port.settings.batch_size > 1 or port.spec.batch) and port.spec.is_async:
-        return AsyncBatchPipeline(port, consumer)
-    if port.settings.batch_size > 1 or port.spec.batch:
-        return BatchPipeline(port, consumer)
-    if port.spec.is_async:
-        return AsyncPipeline(port, consumer)
-    return Pipeline(port, consumer)

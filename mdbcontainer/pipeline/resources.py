@@ -15,6 +15,7 @@ from ..settings import Settings
 from ..state.control import Control
 from ..state.counts import DeliveryCounter
 from ..state.dedup import Dedup
+from ..state.holds import Holds
 from ..state.metrics import Metrics
 from ..state.outbox import Outbox
 from ..state.store import Store
@@ -39,13 +40,17 @@ class SharedResources:
         self.store = store
         self.broker = broker
         self.capabilities: Capabilities = broker.capabilities
-        self.counter = DeliveryCounter(store)
+        self.counter = DeliveryCounter(store, settings.container.control_interval)
         self.dedup = Dedup(store)
+        self.holds = Holds(store)  # ordered ports' held keys
         self.outbox = Outbox(store, broker)
         self.control = Control(store)
         self.metrics = Metrics()
         self.units = TransactionResources(store, self.dedup, self.outbox)
         self.shutting_down = False
+        # Set by Container.kill (mdbcontainer.testing's crash): the consumers end as a killed
+        # process's would, handing nothing back and leaving their leases open.
+        self.killed = False
         self._outages: dict[str, tuple[float, str]] = {}  # kind: (since, what failed)
         self._restored: dict[str, float] = {}  # kind: when its last outage ended
         self._echoes: set[str] = set()

@@ -18,23 +18,23 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import tenacity
-from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import SettingsError
 from ..handlers.binding import Binding, bind
 from ..pipeline.resources import SharedResources
 from ..settings import Settings
 from ..state.control import STOPPED_BY_OPERATOR, Wanted
+from ..state.database import database_refused, is_infrastructure
 from ..state.metadata import create_missing, load_metadata
 from ..state.store import Store
 from ..support.failures import describe
 from ..support.logs import fields
 from ..support.retry import DEFAULT as RETRY
-from ..units.single import database_refused, is_infrastructure
 from ..wire.connection import Broker
 from ..wire.delays import wait_queues
 from ..wire.publisher import Publisher
 from .port import ListenerPort
+from .relay import Relay
 
 if TYPE_CHECKING:
     from sqlalchemy import MetaData
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mdbcontainer.container")
 
-RELAY_EVERY = 5.0  # or every outbox_relay_grace, when that is shorter
+MEASURE_EVERY = 5.0  # the outbox and wait-queue gauges; or every outbox_relay_grace, when shorter
 PURGE_EVERY = 3600.0
 SHUTDOWN = "container shutting down"
 
@@ -115,6 +115,7 @@ class Container:
             self.endpoints = OperationsServer(self, c.metrics_host, c.metrics_port)
             self.endpoints.start()
         wanted = self._prepare_database()
+        self._sweep_leases()  # before a port consumes: an earlier life's leases are deaths
         for name, port in self.ports.items():
             w = wanted.get(name)
             self._generations[name] = w.generation if w else 0
@@ -126,6 +127,7 @@ class Container:
         published = self._publish_state()  # mdb ports shows it from the moment it logs its start
         self._spawn("mdb-control", lambda: self._control_loop(failing=not published))
         self._spawn("mdb-housekeeping", self._housekeeping_loop)
+        self._spawn("mdb-relay", Relay(self.settings, self.resources.outbox, self._stop).run)
         log.info("container %s started: %d port(s) on %s", self.id, len(self.ports),
                  self.broker.masked_url)
 
@@ -169,6 +171,26 @@ class Container:
                         "they stay unacknowledged and will be redelivered")
         return finished
 
+    def kill(self, timeout: float = 10.0) -> None:
+        """End as a SIGKILL would leave it, within this process (``mdbcontainer.testing``'s crash).
+
+        Nothing is acknowledged, handed back or counted; the consumers' leases and
+        the container's heartbeat row stay as a dead process leaves them, so the
+        container started next finds the evidence of a death, counts the
+        deliveries that were outstanding and skips the work that had committed.
+        """
+        self.resources.killed = self.resources.shutting_down = True
+        self._stop.set()
+        for port in self.ports.values():
+            port.stop_event.set()
+        for port in self.ports.values():
+            port.join(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
+        if self.endpoints is not None:
+            self.endpoints.stop()
+        self.store.dispose()
+
     def _prepare_database(self) -> dict[str, Wanted]:
         """Create tables, register, read the port switches; a database that is away is waited for."""
 
@@ -191,7 +213,7 @@ class Container:
                                        before_sleep=before_sleep)
         try:
             wanted: dict[str, Wanted] = retrying(prepare)
-        except SQLAlchemyError as exc:
+        except Exception as exc:  # a missing database or a wrong login: the settings, exit 2
             if database_refused(exc):
                 raise SettingsError(f"container.database_url: {describe(exc)}") from exc
             raise
@@ -316,16 +338,18 @@ class Container:
                 "batch_size": port.settings.batch_size, "batches": s.batches,
                 "batched": s.batched, "fallbacks": s.fallbacks, "waiting": self._waiting.get(name, 0),
                 "stuck": [stuck.row() for stuck in port.stuck()],
+                **({"order_by": port.settings.order_by, "held": port.held_keys()}
+                   if port.settings.order_by else {}),
             })
         return rows
 
     def _housekeeping_loop(self) -> None:
         publisher = Publisher(self.broker, heartbeat=True)
         last_purge = time.monotonic() - PURGE_EVERY + 60.0
-        every = min(RELAY_EVERY, self.settings.container.outbox_relay_grace.total_seconds())
+        every = min(MEASURE_EVERY, self.settings.container.outbox_relay_grace.total_seconds())
         try:
             while not self._stop.wait(every):
-                self._relay(publisher)
+                self._sweep_leases()
                 self._measure_outbox()
                 self._measure_waiting(publisher)
                 if time.monotonic() - last_purge >= PURGE_EVERY:
@@ -334,22 +358,29 @@ class Container:
         finally:
             publisher.close()
 
-    def _relay(self, publisher: Publisher) -> None:
+    def _sweep_leases(self) -> None:
+        """End the leases of dead holders soon after they died (state/counts.py: the evidence of a
+        death runs from the holder's last sign of life, not from whenever a redelivery looks)."""
         try:
-            self.resources.outbox.relay(publisher, grace=self.settings.container.outbox_relay_grace)
+            self.resources.counter.sweep()
         except Exception as exc:
-            publisher.close()
-            log.warning("outbox relay will retry: %s", describe(exc))
+            log.debug("leases not swept: %s", describe(exc))
 
     def _measure_outbox(self) -> None:
-        """The outbox backlog gauge: one count query per relay round, never per message."""
+        """The outbox gauges: one query every few seconds, never per message."""
         try:
-            self.resources.metrics.outbox_backlog.set(self.resources.outbox.backlog())
+            waiting = self.resources.outbox.waiting()
+            metrics = self.resources.metrics
+            metrics.outbox_backlog.set(waiting.count)
+            metrics.outbox_waiting.set(waiting.count)
+            metrics.outbox_oldest.set(waiting.oldest_seconds)
         except Exception as exc:
             log.debug("outbox backlog not measured: %s", describe(exc))
 
     def _measure_waiting(self, publisher: Publisher) -> None:
         """Messages of each port's queue waiting out a redelivery delay: its wait queues' depth."""
+        if publisher.broker.capabilities.postpones:  # no wait queues: a delay is the message's own
+            return
         for name, port in self.ports.items():
             waits = wait_queues(port.queue, port.queue_settings)
             if not waits:

@@ -26,15 +26,16 @@ import tenacity
 
 from ..errors import SubscriptionInUse
 from ..handlers.registry import HandlerSpec, Running
-from ..pipeline.acknowledge import Acknowledger, acknowledger_for, check_mode
+from ..pipeline.acknowledge import acknowledger_for, check_mode
 from ..pipeline.async_single import AsyncPipeline
-from ..pipeline.batch import pipeline_for
+from ..pipeline.kinds import pipeline_for
 from ..pipeline.resources import SharedResources
 from ..pipeline.single import Decision, Pipeline
 from ..sending.replies import mark_consumer_thread
 from ..settings import PortSettings, QueueSettings
 from ..state.counts import DeliveryCounter
 from ..state.metrics import Tally
+from ..support.crash import Killed
 from ..support.failures import describe
 from ..support.logs import fields
 from ..support.outgoing import Outgoing
@@ -100,6 +101,9 @@ class ListenerPort:
     since: datetime = field(default_factory=lambda: datetime.now(UTC))
     consumers: list[PortConsumer] = field(default_factory=list)
     policy: RetryPolicy = RETRY
+    # How long a consumer blocks in one read of its connection: also how soon it sees a stop.
+    # mdbcontainer.testing shortens it, so that a test's container stops in milliseconds.
+    idle_read: float = 0.5
     # Called after every state change, so the container writes its heartbeat at once and
     # mdb ports shows the new state without waiting for control_interval. Must not block.
     on_state_change: Callable[[], None] | None = field(default=None, repr=False)
@@ -114,13 +118,15 @@ class ListenerPort:
         # the control thread stops the port must not turn it back to ``started``.
         self._state_lock = threading.Lock()
         self.stop_event = threading.Event()
-        self.queue = self.settings.queue_name
+        # A non-durable subscription without a name is this port's own: unique per process.
+        self._subscription_name = f"{self.name}.{uuid.uuid4().hex[:12]}"
+        # The queue read, and the key of its counts and leases (counts.py): a non-durable
+        # subscription's own name, never one key that every such port would share.
+        self.queue = self.settings.queue_name or self._subscription_name
         self.ever_consumed = False
         # Refuse at start a mode the transport cannot provide (one line naming the key).
         check_mode(self.resources.settings.source, self.name, self.settings.acknowledge,
                    self.resources.capabilities)
-        # A non-durable subscription without a name is this port's own: unique per process.
-        self._subscription_name = f"{self.name}.{uuid.uuid4().hex[:12]}"
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -139,7 +145,11 @@ class ListenerPort:
         with self._state_lock:
             self._set_state("starting", "")
         # An async handler's port: one consumer, its event loop running ``concurrency`` tasks.
-        consumers = 1 if self.spec.is_async and not self.batched else self.settings.concurrency
+        # An ordered port: one consumer too, whose loop keeps the keys' order (pipeline/ordered.py);
+        # ordered batches, one consumer taking them in delivery order.
+        one = (self.spec.is_async or self.settings.order_by is not None) and not self.batched
+        one = one or (self.settings.order_by is not None and self.batched)
+        consumers = 1 if one else self.settings.concurrency
         self.consumers = [PortConsumer(self, i) for i in range(consumers)]
         for consumer in self.consumers:
             consumer.thread.start()
@@ -189,6 +199,18 @@ class ListenerPort:
             **counted,
         )
 
+    def held_keys(self) -> list[dict[str, Any]]:
+        """An ordered port's held keys (on_backout = "hold"), as its consumer's pipeline holds them."""
+        for consumer in list(self.consumers):
+            held = getattr(consumer.pipeline, "held_keys", None)
+            if held is not None:
+                for _ in range(3):  # read from another thread: a key may come or go meanwhile
+                    try:
+                        return list(held())
+                    except RuntimeError:
+                        continue
+        return []
+
     @property
     def batched(self) -> bool:
         return self.settings.batch_size > 1 or self.spec.batch
@@ -197,15 +219,17 @@ class ListenerPort:
     def counter(self) -> DeliveryCounter:
         return self.resources.counter
 
-    def declare(self, channel: Any) -> str:
-        """Declare the port's queue (or subscription) and its backout queue; return the queue name."""
+    def declare(self, channel: Any) -> str | list[str]:
+        """Declare the port's queue (or subscription) and its backout queue; return the queue name
+        (the partitions' names, for a partitioned destination)."""
         broker = self.resources.broker
         broker.declare_queue(channel, self.backout_queue)
         if self.settings.topic is not None:
             name = self.settings.subscription_queue or self._subscription_name
             return broker.declare_subscription(channel, self.settings.topic, name, self.settings.durable)
         broker.declare_queue(channel, self.queue)
-        return self.queue
+        part = broker.partitions.get(self.queue) if self.settings.partitions else None
+        return part.queues if part is not None else self.queue
 
     def consumer_changed(self) -> None:
         """Called by consumers as they connect or drop; ``started`` only when all consume."""
@@ -315,6 +339,7 @@ class PortConsumer:
         # Set by the pipeline while a delivery runs: /healthz and the in-flight gauge read it.
         self.delivering_since: float | None = None
         self.running = Running()  # the handler call in progress (handler_timeout)
+        self.pipeline: Pipeline | None = None  # while the thread runs
 
     @property
     def publisher(self) -> Publisher:
@@ -338,7 +363,7 @@ class PortConsumer:
         return not self.port.stopping and not self.port.resources.shutting_down
 
     def _run(self) -> None:
-        pipeline = pipeline_for(self.port, self)
+        pipeline = self.pipeline = pipeline_for(self.port, self)
         pipeline.invoker.running = self.running
         mark_consumer_thread(self.port.name, self.port.settings)
         try:
@@ -346,16 +371,24 @@ class PortConsumer:
                 sub = self._open(pipeline)
                 if sub is None:
                     break
+                killed = False
                 try:
                     self._drain(sub, pipeline)
                 except connection_errors() as exc:
                     self.port.resources.outage("broker", exc)
+                except Killed:
+                    killed = True
+                    self._lease = None  # a killed process ends no lease: its deliveries count
+                    raise
                 finally:
                     self._set_consuming(False)
-                    pipeline.release()
-                    self.acks.release()
+                    seen = pipeline.release()
+                    if not killed:  # a killed process records no hand-back: its deliveries count
+                        self.acks.release(seen)
                     sub.close()
                     self._end_lease()  # before consuming again: none of its deliveries counts
+        except Killed:
+            log.debug("port %s consumer %d killed at a crash point", self.port.name, self.index)
         except Exception as exc:  # a channel error (a queue deleted, a declare refused...)
             if self._should_run():
                 log.exception("port %s consumer %d ended: %s", self.port.name, self.index, exc)
@@ -397,7 +430,7 @@ class PortConsumer:
         sub = Subscription(self.port.resources.broker, self.port.queue,
                            self.port.settings.prefetch, self.acks.deliver(pipeline),
                            self.port.declare, exclusive=self.port.settings.durable,
-                           transacted=self.acks.transacted)
+                           transacted=self.acks.transacted, before_wait=self.acks.flush_owed)
         try:
             sub.open()
         except BaseException:
@@ -433,21 +466,22 @@ class PortConsumer:
             pipeline.drive(sub, self._should_run)
         stop, resources = self.port.stop_event, self.port.resources  # _should_run, once a delivery
         # A pipeline that gathers nothing and an acknowledgment mode with nothing to do between
-        # drains are not asked, once a delivery, whether they have something to do.
-        kind = type(pipeline)
-        gathers = kind.wait_limit is not Pipeline.wait_limit or kind.due is not Pipeline.due
-        ticks = type(self.acks).tick is not Acknowledger.tick
+        # drains (each says so) are not asked, once a delivery, whether they have something to do.
+        gathers, ticks = pipeline.gathers, self.acks.ticks
+        idle = self.port.idle_read
         while not stop.is_set() and not resources.shutting_down:
             self.alive_at = time.monotonic()
             if not gathers:
-                sub.drain(0.5)
+                sub.drain(idle)
             else:
-                sub.drain(pipeline.wait_limit(0.5))
+                sub.drain(pipeline.wait_limit(idle))
                 if pipeline.due():  # a lingered batch may run longer than two heartbeats
                     with sub.between_reads():
                         pipeline.tick()
             if ticks:
                 self.acks.tick()
+        if resources.killed:  # the process "died": nothing is handed back
+            raise Killed
         pipeline.hand_back_gathered()
         self._hand_back_all(sub)
 

@@ -10,7 +10,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from ..errors import RequestTimeout
+from ..errors import RequestTimeout, SettingsError
 from ..message import Message
 from ..settings import Settings, parse_duration
 from ..support.outgoing import Outgoing, outgoing
@@ -108,11 +108,15 @@ class Producer:
 
         Raises:
             RequestTimeout: no reply within ``timeout``.
+            SettingsError: the broker has no temporary reply queues (Amazon SQS).
             TransactionError: called from a handler inside a unit of work (the reply could
                 only come after its commit).
         """
         from .replies import wait_for_reply
 
+        if not self.broker.capabilities.replies:  # SQS: no temporary queue lives with a connection
+            raise SettingsError(f"container.broker_url: request/reply needs temporary reply queues, "
+                                f"which {self.broker.capabilities.name} has not")
         seconds = parse_duration(timeout).total_seconds()
         correlation = correlation_id or uuid.uuid4().hex
 

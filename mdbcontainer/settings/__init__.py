@@ -2,7 +2,7 @@
 
 ``models`` says what the file may hold, ``loading`` reads it (and the
 environment) and names the file and key of any fault, ``durations`` reads and
-prints ``"30s"``. The names the rest of the package imports are here.
+prints ``"30s"``, ``urls`` hides the URLs' passwords. The names the rest of the package imports are here.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from .models import (
     QueueSettings,
     Settings,
     broker_urls,
-    mask_url,
 )
+from .urls import mask_url
 
 __all__ = [
     "EMBEDDED_DEFAULT_FILE",

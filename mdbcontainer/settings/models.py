@@ -16,10 +16,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .durations import Duration
+from .urls import broker_url_problem, database_url_problem, mask_url, remember_password
 
 # The transports whose capabilities wire/connection.py declares. memory:// is not among them: no
 # behaviour test ran on it, and it does not flag redeliveries, which the counting relies on.
-BROKER_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "embedded"})
+BROKER_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "embedded", "sqs"})
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # The container durations that must be at least a second, and why (the settings error says it).
@@ -61,6 +62,8 @@ class ContainerSettings(_Strict):
     # A send left in the outbox by a crash is relayed once it is this old: a younger
     # row may be the one its consumer is publishing right now (a second copy).
     outbox_relay_grace: Duration = timedelta(seconds=5)
+    # How often the outbox relay sweeps for sends (on PostgreSQL it is also told at each commit).
+    outbox_relay_interval: Duration = timedelta(seconds=1)
     # Container processes of one ``mdb run`` (a supervisor runs them when > 1: supervisor.py).
     processes: int = Field(default=1, ge=1, le=64)
     ssl_ca: str | None = None
@@ -78,13 +81,27 @@ class ContainerSettings(_Strict):
             if scheme not in BROKER_SCHEMES:
                 raise ValueError(
                     f"{scheme + '://' if scheme else 'a URL without a scheme'} is not a broker this "
-                    "package runs on: use amqp:// or amqps:// (RabbitMQ), or embedded://PATH"
+                    "package runs on: use amqp:// or amqps:// (RabbitMQ), embedded://PATH, "
+                    "or sqs:// (Amazon SQS)"
                 )
             if len(urls) > 1 and scheme not in {"amqp", "amqps", "pyamqp"}:
                 raise ValueError(
                     "several URLs separated by ';' name the nodes of one RabbitMQ cluster: "
                     f"{scheme}:// cannot be one of them"
                 )
+            remember_password(url)
+            problem = broker_url_problem(url)
+            if problem:
+                raise ValueError(f"{mask_url(url)}: {problem}")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _readable_database(cls, value: str) -> str:
+        remember_password(value)
+        problem = database_url_problem(value)
+        if problem:
+            raise ValueError(f"{mask_url(value)}: {problem}")
         return value
 
     @field_validator("heartbeat")
@@ -99,6 +116,13 @@ class ContainerSettings(_Strict):
     def _at_least_a_second(cls, value: timedelta, info: ValidationInfo) -> timedelta:
         if value < timedelta(seconds=1):
             raise ValueError(f"must be at least '1s': {_WHY_A_SECOND[str(info.field_name)]}")
+        return value
+
+    @field_validator("outbox_relay_interval")
+    @classmethod
+    def _positive_interval(cls, value: timedelta) -> timedelta:
+        if value < timedelta(milliseconds=10):
+            raise ValueError("must be at least '10ms' (the relay sweeps the outbox table that often)")
         return value
 
     @field_validator("metadata")
@@ -146,6 +170,7 @@ class TopicSettings(_Strict):
 TransactionKind = Literal["container", "bean", "none"]
 TransactionAttribute = Literal["Required", "RequiresNew", "NotSupported"]
 AcknowledgeMode = Literal["auto", "client", "dups_ok", "transacted"]
+ORDERED_PREFETCH = 1000  # the least prefetch of an ordered port without one: room for a hot key's backlog
 
 
 class PortFields(_Strict):
@@ -178,15 +203,31 @@ class PortFields(_Strict):
     batch_linger: Duration = timedelta(milliseconds=20)
     # A handler call running longer is stuck: /healthz fails naming it (0: off).
     handler_timeout: Duration = timedelta(0)
+    # Ordered ports (README "Ordered ports"): the key, what a backout does to it, the partitions.
+    order_by: str | None = Field(default=None, min_length=1)
+    on_backout: Literal["continue", "hold"] = "continue"
+    partitions: int = Field(default=0, ge=0, le=1024)
 
     @model_validator(mode="before")
     @classmethod
     def _batched_prefetch(cls, data: Any) -> Any:
-        """Without an explicit prefetch a batched port prefetches two batches: one runs, one arrives."""
+        """Without an explicit prefetch a batched port prefetches two batches: one runs, one arrives.
+
+        An ordered port prefetches more (``ORDERED_PREFETCH`` and 8 per consumer): the messages
+        of a busy or held key wait unacknowledged in the container, and the other keys must
+        still reach it past them.
+        """
         if isinstance(data, dict) and "prefetch" not in data:
             size = data.get("batch_size")
+            prefetch = None
             if isinstance(size, int) and not isinstance(size, bool) and size > 1:
-                return {**data, "prefetch": min(65535, 2 * size)}
+                prefetch = min(65535, 2 * size)
+            if data.get("order_by"):
+                concurrency = data.get("concurrency")
+                per = 8 * concurrency if isinstance(concurrency, int) else 0
+                prefetch = min(65535, max(prefetch or 0, ORDERED_PREFETCH, per))
+            if prefetch is not None:
+                return {**data, "prefetch": prefetch}
         return data
 
     def overrides(self) -> dict[str, Any]:
@@ -224,6 +265,7 @@ class PortSettings(PortFields):
                 "once_only = true needs a database transaction for the dedup row: use "
                 "transaction = 'container' (Required) or 'bean'"
             )
+        self._order_coherent()
         if "application/x-python-serialize" in self.accept or any(
             "pickle" in ctype for ctype in self.accept
         ):
@@ -245,6 +287,21 @@ class PortSettings(PortFields):
             )
         if self.batch_linger <= timedelta(0):
             raise ValueError("batch_linger: must be positive when batch_size > 1")
+
+    def _order_coherent(self) -> None:
+        if self.order_by is None:
+            if self.partitions or self.on_backout != "continue":
+                raise ValueError("partitions and on_backout apply to an ordered port only: set order_by")
+            return
+        if self.order_by.startswith("body:") and not self.order_by[5:]:
+            raise ValueError("order_by: 'body:' needs a field name, e.g. 'body:account_id'")
+        if self.acknowledge != "auto":
+            raise ValueError(
+                f"order_by needs acknowledge = 'auto', not {self.acknowledge!r}: the keys of an "
+                "ordered port end in any order, each acknowledged as it ends"
+            )
+        if self.partitions and self.destination is None:
+            raise ValueError("partitions: needs a destination (a queue), not a topic")
 
     @property
     def transactional(self) -> bool:
@@ -337,6 +394,3 @@ def broker_urls(value: str) -> list[str]:
     return [url.strip() for url in value.split(";") if url.strip()] or [value]
 
 
-def mask_url(url: str) -> str:
-    """Hide the password of a URL: ``amqp://guest:***@host``."""
-    return re.sub(r"(?<=://)([^:/@]*):([^@/]*)@", lambda m: f"{m.group(1)}:***@", url)

@@ -38,6 +38,12 @@ class Wanted:
     generation: int
 
 
+def stale_after(control_interval: timedelta | None) -> timedelta:
+    """How old a container's heartbeat is when it counts as gone: three heartbeats of
+    ``control_interval``, never less than STALE_AFTER (a slow poller is not dead)."""
+    return max(STALE_AFTER, 3 * control_interval) if control_interval else STALE_AFTER
+
+
 def new_container_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -110,8 +116,7 @@ class Control:
         settings'), and never less than STALE_AFTER, so that a container
         polling slowly does not vanish from ``mdb ports`` between heartbeats.
         """
-        stale = max(STALE_AFTER, 3 * control_interval) if control_interval else STALE_AFTER
-        cutoff = (now or utcnow()) - stale
+        cutoff = (now or utcnow()) - stale_after(control_interval)
         with self.store.engine.connect() as conn:
             rows = conn.execute(
                 select(self.containers).where(self.containers.c.heartbeat_at >= cutoff)

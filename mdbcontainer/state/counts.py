@@ -19,6 +19,19 @@ process no longer runs on this host, or its container's row is gone or stale
 on another host); otherwise it closes it uncounted. A competing consumer that
 receives a living container's deliveries first sees that container's lease
 open and its holder alive, so it wins no race.
+
+A death is evidence for a while only. The broker requeues a dead holder's
+deliveries as its connection drops, and they reach the queue's next
+consumer at once: the one consuming then, or the first to start after. So a
+dead lease counts from its holder's last sign of life (its container's
+heartbeat) until DEATH_EVIDENCE after that consumer could receive them, and
+no longer: an idle container killed an hour ago does not turn a later live
+loss into crashes. Dead leases are found by every redelivery that examines
+them and by :meth:`DeliveryCounter.sweep` (at a container's start and in its
+housekeeping), which ends them at that last sign of life, not when found.
+A living consumer that loses its connection records the hand-back of the
+deliveries it had seen (a waiting line, a batch, held messages), so that
+those do not count even while a death on the queue is evidence.
 """
 
 from __future__ import annotations
@@ -26,23 +39,23 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, delete, or_, select, update
 
+from .control import stale_after
 from .store import Store, utcnow
 
 CRASHED = "the container process died during this delivery (killed, crashed or lost its broker connection)"
-# A lease found dead keeps counting as the evidence of a death on its queue
-# this long: the dead connection's deliveries are redelivered within it.
+# A dead lease is the evidence of a death on its queue this long after the queue's
+# next consumer could receive its deliveries: they are redelivered within it.
 DEATH_EVIDENCE = timedelta(minutes=5)
 # Ended leases are deleted after this long (when a consumer writes a new one).
 LEASE_RETENTION = timedelta(days=1)
-# Another host's container counts as gone once its heartbeat is this old.
-HOLDER_STALE = timedelta(seconds=10)
 
 @dataclass(frozen=True)
 class Attempt:
@@ -56,10 +69,13 @@ class Attempt:
 class DeliveryCounter:
     """Durable per-message delivery counts (one round trip, only off the first-delivery path)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, control_interval: timedelta | None = None) -> None:
+        """``control_interval``: how often containers write their heartbeat (the settings'); another
+        host's container is gone once its heartbeat is three of them old (never under 10 s)."""
         self.store = store
         self.table = store.tables.delivery
         self._container: str | None = None  # this process's container id, once it holds a lease
+        self.holder_stale = stale_after(control_interval)
 
     def _upsert(self, queue: str, message_id: str, **increments: int | str) -> Any:
         t = self.table
@@ -131,20 +147,62 @@ class DeliveryCounter:
             conn.execute(update(t).where(t.c.container == container, t.c.ended_at.is_(None))
                          .values(ended_at=utcnow()))
 
-    def _death_on(self, conn: Connection, queue: str) -> bool:
-        """Whether a lease of ``queue`` shows a death: found dead lately, or open with its holder gone."""
+    def sweep(self) -> int:
+        """End the open leases whose holder is gone, at its last sign of life; return how many.
+
+        Run at a container's start (before it consumes: an earlier life's lease
+        of this pid is found dead) and in its housekeeping, so that a death is
+        found soon after it and its evidence runs from then, never from a
+        redelivery that examines it much later.
+        """
         t = self.store.tables.lease
-        now = utcnow()
+        with self.store.engine.begin() as conn:
+            rows = conn.execute(select(t).where(t.c.ended_at.is_(None))).all()
+            return len(self._end_dead(conn, rows))
+
+    def _end_dead(self, conn: Connection, rows: Sequence[Any]) -> dict[str, datetime]:
+        """Mark the leases of ``rows`` whose holder is gone died; their id: last sign of life."""
+        dead = {row.id: self._last_seen(conn, row) for row in rows if not self._holder_alive(conn, row)}
+        t = self.store.tables.lease
+        for lease, seen in dead.items():
+            conn.execute(update(t).where(t.c.id == lease, t.c.ended_at.is_(None))
+                         .values(ended_at=seen, died=True))
+        return dead
+
+    def _death_on(self, conn: Connection, queue: str) -> bool:
+        """Whether a lease of ``queue`` shows a death whose deliveries may be coming back now."""
+        t = self.store.tables.lease
         rows = conn.execute(select(t).where(t.c.queue == queue, or_(
-            t.c.ended_at.is_(None), (t.c.died.is_(True)) & (t.c.ended_at >= now - DEATH_EVIDENCE)
-        ))).all()
-        if any(row.died for row in rows):
-            return True
-        dead = [row.id for row in rows if not self._holder_alive(conn, row)]
-        if dead:
-            conn.execute(update(t).where(t.c.id.in_(dead), t.c.ended_at.is_(None))
-                         .values(ended_at=now, died=True))
-        return bool(dead)
+            t.c.ended_at.is_(None), t.c.died.is_(True)))).all()
+        deaths = self._end_dead(conn, [row for row in rows if row.ended_at is None])
+        deaths.update({row.id: _aware(row.ended_at) for row in rows if row.died})
+        if not deaths:
+            return False
+        now = utcnow()
+        by_id = {row.id: row for row in rows}
+        return any(now <= self._received_by(conn, by_id[lease], seen) + DEATH_EVIDENCE
+                   for lease, seen in deaths.items())
+
+    def _received_by(self, conn: Connection, lease: Any, seen: datetime) -> datetime:
+        """When the queue's next consumer could receive what ``lease``'s death requeued: at its
+        holder's last sign of life ``seen`` if another container consumed then, else when the
+        first one started after it (now, while none has: they wait in the queue)."""
+        t = self.store.tables.lease
+        starts = conn.execute(select(t.c.started_at).where(
+            t.c.queue == lease.queue, t.c.container != lease.container,
+            or_(t.c.ended_at.is_(None), t.c.ended_at >= seen))).scalars().all()
+        if not starts:
+            return utcnow()
+        return max(seen, min(_aware(start) for start in starts))
+
+    def _last_seen(self, conn: Connection, lease: Any) -> datetime:
+        """A dead holder's last sign of life: its container's last heartbeat, else now (its row is
+        gone: a supervisor that saw it die deletes it at once)."""
+        c = self.store.tables.container
+        beat = conn.execute(select(c.c.heartbeat_at).where(c.c.id == lease.container)).scalar()
+        if beat is None:
+            return utcnow()
+        return max(_aware(beat), _aware(lease.started_at))
 
     def _holder_alive(self, conn: Connection, lease: Any) -> bool:
         """A lease's process runs: by its pid on this host, by its container's heartbeat elsewhere."""
@@ -156,9 +214,7 @@ class DeliveryCounter:
         beat = conn.execute(select(c.c.heartbeat_at).where(c.c.id == lease.container)).scalar()
         if beat is None:
             return False
-        if beat.tzinfo is None:  # SQLite keeps no zone: the container writes UTC
-            beat = beat.replace(tzinfo=utcnow().tzinfo)
-        return bool(utcnow() - beat < HOLDER_STALE)
+        return bool(utcnow() - _aware(beat) < self.holder_stale)
 
     def failures(self, queue: str, message_id: str) -> int:
         """The recorded failures of a message so far (a read: opens no attempt)."""
@@ -183,13 +239,20 @@ class DeliveryCounter:
                 self._upsert(queue, message_id, failures=1, closed=1, last_exception=text)).one()
         return int(failures)
 
-    def hand_back(self, queue: str, message_ids: list[str]) -> None:
-        """Record deliveries returned unprocessed by a graceful stop, so they do not count."""
-        if not message_ids:
+    def hand_back(self, queue: str, message_ids: list[str], *, unopened: list[str] | None = None) -> None:
+        """Record deliveries returned unprocessed (a graceful stop, a lost connection), so they do
+        not count.
+
+        ``unopened``: redeliveries returned before their count was opened; recorded as
+        opened and closed, so that an earlier delivery nobody closed still counts.
+        """
+        if not message_ids and not unopened:
             return
         with self.store.engine.begin() as conn:
             for message_id in message_ids:
                 conn.execute(self._upsert(queue, message_id, closed=1))
+            for message_id in unopened or []:
+                conn.execute(self._upsert(queue, message_id, opened=1, closed=1))
 
     def reset(self, queue: str, message_id: str) -> None:
         """Forget a message's count (a replay from the backout queue starts again at 0)."""
@@ -199,6 +262,11 @@ class DeliveryCounter:
                     self.table.c.queue == queue, self.table.c.message_id == message_id
                 )
             )
+
+
+def _aware(moment: datetime) -> datetime:
+    """``moment`` with its zone: SQLite keeps none, and the container writes UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=utcnow().tzinfo)
 
 
 def _process_runs(pid: int) -> bool:

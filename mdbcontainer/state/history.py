@@ -20,7 +20,7 @@ from ..settings import Settings
 from ..support.logs import mask_secrets
 from .store import Store, utcnow
 
-ACTIONS = ("stop", "start", "replay", "purge")
+ACTIONS = ("stop", "start", "replay", "purge", "release")  # release: an ordered port's held key
 
 
 @dataclass(frozen=True)

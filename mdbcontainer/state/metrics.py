@@ -164,6 +164,14 @@ class Metrics:
             "mdb_outbox_backlog", "Outbox rows not yet published (refreshed every few seconds).",
             registry=r,
         )
+        self.outbox_waiting = Gauge(
+            "mdb_outbox_waiting", "Sends waiting in the outbox for the relay or their consumer "
+            "(refreshed every few seconds).", registry=r,
+        )
+        self.outbox_oldest = Gauge(
+            "mdb_outbox_oldest_seconds", "Age of the oldest send waiting in the outbox, 0 when none "
+            "(refreshed every few seconds).", registry=r,
+        )
         self.waiting = Gauge(
             "mdb_waiting", "Messages of the port's queue waiting out a redelivery delay on its wait "
             "queues (refreshed every few seconds).", ["port"], registry=r,

@@ -11,8 +11,8 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from functools import cached_property
+from datetime import datetime, timedelta
+from functools import cached_property, lru_cache
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from ..settings import ContainerSettings
+from ..support import clock
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    return clock.now()
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Tables:
     container: Table
     history: Table
     lease: Table
+    held: Table
 
     @classmethod
     def build(cls, prefix: str = "mdb_", schema: str | None = None) -> Tables:
@@ -145,7 +147,16 @@ class Tables:
             Column("died", Boolean, nullable=False, default=False),
             Index(f"ix_{prefix}lease_queue", "queue"),
         )  # fmt: skip
-        return cls(md, dedup, delivery, outbox, port, container, history, lease)
+        # The keys of ordered ports held after a backout (on_backout = "hold"), fleet-wide,
+        # until ``mdb port release`` deletes the row or a replay of the message does (holds.py).
+        held = Table(
+            f"{prefix}held_key", md,
+            Column("port", String(200), primary_key=True),
+            Column("key", String(255), primary_key=True),
+            Column("message_id", String(255), nullable=False),
+            Column("held_at", ts, nullable=False),
+        )  # fmt: skip
+        return cls(md, dedup, delivery, outbox, port, container, history, lease, held)
 
 
 _SQLITE_BUSY = timedelta(seconds=30)  # without a database_timeout (tools that pass none)
@@ -221,14 +232,18 @@ def make_engine(url: str, *, timeout: timedelta | None = None, **kwargs: Any) ->
 
     @event.listens_for(engine, "begin")
     def _begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN")
+        # ``sqlite_begin="IMMEDIATE"``: a transaction that must write after it reads (the outbox
+        # relay) takes the write lock first, instead of failing on a stale snapshot at its write.
+        mode = connection.get_execution_options().get("sqlite_begin")
+        connection.exec_driver_sql(f"BEGIN {mode}" if mode == "IMMEDIATE" else "BEGIN")
 
     return engine
 
 
 # Connections a container process holds at once besides its consumers': the control loop
-# (port switches, heartbeats) and the housekeeping (the outbox relay; the dedup purge keeps
-# its lock on one connection while it deletes on another).
+# (port switches, heartbeats), the housekeeping (the dedup purge keeps its lock on one
+# connection while it deletes on another) and the outbox relay (its rounds; its listener,
+# on PostgreSQL, is a connection of its own, detached from the pool).
 OWN_CONNECTIONS = 3
 
 
@@ -300,6 +315,13 @@ def pool_for(url: str, consumers: int) -> dict[str, int]:
     return {"pool_size": consumers + OWN_CONNECTIONS, "max_overflow": OWN_CONNECTIONS}
 
 
+@lru_cache(maxsize=16)
+def _tables(prefix: str, schema: str | None) -> Tables:
+    """The tables of a prefix and schema, built once per process: a Table holds no connection,
+    and a process that starts many containers (mdbcontainer.testing) pays for them once."""
+    return Tables.build(prefix, schema)
+
+
 class Store:
     """The database side of a container: engine, session factory and tables."""
 
@@ -312,7 +334,7 @@ class Store:
                                             **sizes)
         self.url = settings.database_url
         self.timeout = settings.database_timeout
-        self.tables = Tables.build(settings.table_prefix, settings.db_schema)
+        self.tables = _tables(settings.table_prefix, settings.db_schema)
         self.dialect = self.engine.dialect.name
         self._local = threading.local()
         # The dialect's ON CONFLICT insert; only that dialect's module (the engine loaded it).

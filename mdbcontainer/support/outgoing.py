@@ -10,7 +10,6 @@ place.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,6 +17,7 @@ from typing import Any
 
 from ..message import encode_body
 from ..settings import parse_duration
+from . import clock
 
 DELIVERY_MODE_PERSISTENT = 2
 DELIVERY_MODE_TRANSIENT = 1
@@ -70,7 +70,7 @@ def outgoing(
         "content_encoding": encoding,
         "priority": DEFAULT_PRIORITY if priority is None else priority,
         "delivery_mode": DELIVERY_MODE_PERSISTENT if persistent else DELIVERY_MODE_TRANSIENT,
-        "timestamp": int(time.time()),
+        "timestamp": int(clock.time()),
         "headers": dict(headers or {}),
     }
     if ttl is not None:

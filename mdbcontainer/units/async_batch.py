@@ -1,12 +1,12 @@
-"""Batch units of work for ``async def`` handlers: ``batches.py``'s steps, awaited.
+"""Batch units of work for ``async def`` handlers: the steps of ``units/batch.py``, awaited.
 
 A batched port with an async handler keeps the batch pipeline as it is (it
 gathers, settles and falls back on the consumer's thread, one batch at a
 time); only the unit of work of a batch, or of one message run alone, runs
 on the consumer's own event loop, with an ``AsyncSession`` whose transaction
-holds the batch's dedup rows, its handlers' work and its outbox rows. The
-claims, the outbox rows and the "did it commit" check are the synchronous
-helpers, run through ``AsyncSession.run_sync``.
+holds the batch's dedup rows, its handlers' work and its outbox rows: the
+commit sequence of every unit (``units/sequence.py``), through the async
+runner (``units/runner.py``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..errors import TransactionError
 from ..state.dedup import DuplicateMessage
-from ..support.crash import crash_point
-from .async_single import AsyncResources, AsyncUnitOfWork, _check_open
+from .async_single import AsyncResources, AsyncUnitOfWork
 from .batch import (
     BatchItem,
     BatchOutcome,
@@ -28,12 +26,15 @@ from .batch import (
     _at_once,
     _BeanBatch,
     _failure,
+    _fresh,
+    _left,
     _Member,
-    _no_duplicates,
     _no_move,
 )
 from .context import BatchContext, MessageContext
-from .single import ClientAcknowledgment, Outcome, RollbackOnly, TransactionAborted, claims_first
+from .runner import AsyncRunner
+from .sequence import commit_sequence
+from .single import ClientAcknowledgment, Outcome
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -49,32 +50,15 @@ class _AsyncBeanBatch(_BeanBatch):
 
     @asynccontextmanager
     async def _atransaction(self) -> AsyncIterator[AsyncSession]:
-        store, outbox, dedup = self.resources.store, self.resources.outbox, self.resources.dedup
-        assert store is not None and outbox is not None and dedup is not None
-        if self.opened:
-            raise TransactionError(f"port {self.port!r}: ctx.transaction() is once per batch")
-        self.opened = True
-        first = self.once_only and claims_first(store)
+        self.opening()
         session = self.sessions()
         self.session = session
         try:
-            if self.once_only and not first:  # SQLite: a short read, the claim goes last
-                _no_duplicates(dedup.seen_many(self.port, self.message_ids), set())
-            async with session.begin():
-                if first:
-                    claimed = await session.run_sync(dedup.claim_many, self.port, self.message_ids)
-                    _no_duplicates(self.message_ids, claimed)
+            async with AsyncRunner(self.port, self.resources, session, many=True).transaction(
+                    commit_sequence(self._plan(), self.message_ids)) as turn:
                 yield session
-                if self.rollback_only:
-                    raise RollbackOnly
-                await session.run_sync(_check_open)
-                if self.once_only and not first:
-                    claimed = await session.run_sync(dedup.claim_many, self.port, self.message_ids)
-                    _no_duplicates(self.message_ids, claimed)
-                self.pending = await session.run_sync(outbox.write, self.port, self._sends)
-                crash_point("before-commit")
-            self.committed = True
-            crash_point("after-commit")
+                turn.returned(self.rollback_only, self._sends)
+            self.committed, self.pending = True, turn.pending
         except BaseException as exc:
             self.ended = exc
             raise
@@ -117,34 +101,15 @@ class AsyncBatchRunner(BatchRunner):
         return self.one(unit, item.argument, MessageContext(item.message, self.port, unit))
 
     async def _container_async(self, items: list[BatchItem]) -> BatchOutcome:
-        store, outbox, dedup = self.resources.store, self.resources.outbox, self.resources.dedup
-        assert store is not None and outbox is not None and dedup is not None
         assert self.units.sessions is not None
         first, _ = self._distinct(items)
-        ids = {i: items[i].message.id for i in first}
-        claim_first = self.once_only and claims_first(store)
-        fresh = first
-        if self.once_only and not claim_first:  # SQLite: a short read, the claim goes last
-            seen = dedup.seen_many(self.port, list(ids.values()))
-            fresh = [i for i in first if ids[i] not in seen]
         session = self.units.sessions()
         try:
-            async with session.begin():
-                if claim_first:
-                    claimed = await session.run_sync(dedup.claim_many, self.port, list(ids.values()))
-                    fresh = [i for i in first if ids[i] in claimed]
+            async with AsyncRunner(self.port, self.resources, session, many=True).transaction(
+                    commit_sequence(self.plan, [items[i].message.id for i in first])) as turn:
+                fresh = _fresh(items, first, turn.fresh)
                 members = await self._call_members_async(items, fresh, session)
-                crash_point("in-handler")
-                if any(member.rollback_only for member in members):
-                    raise RollbackOnly
-                await session.run_sync(_check_open)
-                if self.once_only and not claim_first and fresh:
-                    wanted = [ids[i] for i in fresh]
-                    _no_duplicates(wanted, await session.run_sync(dedup.claim_many, self.port, wanted))
-                sends = [s for m in members for s in m.sends]
-                pending = await session.run_sync(outbox.write, self.port, sends)
-                crash_point("before-commit")
-            crash_point("after-commit")
+                turn.returned(*_left(members))
         except DuplicateMessage as exc:  # claimed meanwhile by a copy in flight elsewhere
             return BatchOutcome("conflict", exc)
         except Exception as exc:
@@ -152,7 +117,7 @@ class AsyncBatchRunner(BatchRunner):
         finally:
             await session.close()
         duplicates = sorted(set(range(len(items))) - set(fresh))
-        return BatchOutcome("handled", handled=fresh, duplicates=duplicates, pending=pending)
+        return BatchOutcome("handled", handled=fresh, duplicates=duplicates, pending=turn.pending)
 
     async def _call_members_async(self, items: list[BatchItem], fresh: list[int],
                                   session: AsyncSession) -> list[_Member]:
@@ -178,11 +143,7 @@ class AsyncBatchRunner(BatchRunner):
         unit.sessions = self.units.sessions
         try:
             await self._call_batch_async(items, first, unit)
-            crash_point("in-handler")
-            if unit.rollback_only and not unit.opened:
-                raise RollbackOnly
-            if unit.opened and not unit.committed:  # the handler caught what ended it
-                raise unit.ended or TransactionAborted("ctx.transaction() did not commit")
+            unit.returned()
         except DuplicateMessage as exc:
             return BatchOutcome("conflict", exc)
         except Exception as exc:

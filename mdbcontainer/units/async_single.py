@@ -1,11 +1,11 @@
-"""Units of work for ``async def`` handlers: the same steps as ``transactions.py``, awaited.
+"""Units of work for ``async def`` handlers: the same steps as ``units/single.py``, awaited.
 
-Each class is the async twin of a synchronous unit and keeps its order of
-steps (claim, handler, "did it commit" check, outbox rows, commit), running
-the very same synchronous helpers (``Dedup.claim``, ``Outbox.write``,
-:func:`transactions.ensure_open`) on the ``AsyncSession``'s connection
-through ``AsyncSession.run_sync``. So the guarantee is written once; only
-the waiting differs.
+Each class is the async twin of a synchronous unit and runs the same commit
+sequence (``units/sequence.py``) through the async runner (``units/runner.py``),
+which runs the very same synchronous helpers (``Dedup.claim``, ``Outbox.write``,
+``ensure_open``) on the ``AsyncSession``'s connection through
+``AsyncSession.run_sync``. So the guarantee is written once; only the waiting
+differs.
 
 A task cancelled at shutdown (``asyncio.CancelledError``) rolls its
 transaction back on its way out and is not an outcome: the pipeline hands the
@@ -22,21 +22,13 @@ from typing import TYPE_CHECKING, Any
 from ..errors import TransactionError
 from ..state.dedup import DuplicateMessage
 from ..state.outbox import Pending
-from ..support.crash import crash_point
 from ..support.outgoing import Outgoing
-from .single import (
-    Outcome,
-    RollbackOnly,
-    TransactionAborted,
-    TransactionResources,
-    UnitOfWork,
-    _failure,
-    ensure_open,
-)
+from .runner import AsyncRunner
+from .sequence import commit_sequence, handler_returned
+from .single import Outcome, TransactionResources, UnitOfWork, _failure
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-    from sqlalchemy.orm import Session
 
 Handler = Callable[[], Awaitable[None]]
 
@@ -56,9 +48,7 @@ class AsyncUnitOfWork(UnitOfWork):
     async def arun(self, call: Handler) -> Outcome:
         try:
             await call()
-            crash_point("in-handler")
-            if self.rollback_only:
-                raise RollbackOnly
+            handler_returned(self.rollback_only)
         except Exception as exc:
             return _failure(exc)
         return Outcome("handled", direct=list(self._sends))
@@ -68,45 +58,21 @@ class AsyncUnitOfWork(UnitOfWork):
         assert sessions is not None
         return sessions()
 
-    def _claim(self, session: Session) -> bool:
-        assert self.resources.dedup is not None
-        return self.resources.dedup.claim(session, self.port, self.message_id)
-
-
-def _check_open(session: Session) -> None:
-    """:func:`ensure_open` on the session's current transaction (run inside ``run_sync``)."""
-    begun = session.get_transaction()
-    if begun is None:
-        raise TransactionAborted("the session's transaction was ended inside the handler")
-    ensure_open(session, begun)
-
 
 class AsyncContainerManaged(AsyncUnitOfWork):
     """CMT: dedup claim, awaited handler, outbox and commit in one transaction the container owns."""
 
     async def arun(self, call: Handler) -> Outcome:
-        outbox = self.resources.outbox
-        assert outbox is not None
-        if self._already_applied():
-            return Outcome("duplicate")
         session = self._session()
         self.session = session  # type: ignore[assignment]  # ctx.session: an AsyncSession here
         try:
-            async with session.begin():
-                if self._claim_first and not await session.run_sync(self._claim):
-                    raise DuplicateMessage(self.message_id)  # rolls back: no work, no row
+            async with AsyncRunner(self.port, self.resources, session).transaction(
+                    commit_sequence(self._plan(), [self.message_id])) as turn:
                 await call()
-                crash_point("in-handler")
-                if self.rollback_only:
-                    raise RollbackOnly
-                await session.run_sync(_check_open)
-                if self._claim_last and not await session.run_sync(self._claim):
-                    raise DuplicateMessage(self.message_id)
-                pending = await session.run_sync(outbox.write, self.port, self._sends)
-            crash_point("after-commit")
-            return Outcome("handled", pending=pending)
+                turn.returned(self.rollback_only, self._sends)
+            return Outcome("handled", pending=turn.pending)
         except DuplicateMessage:
-            return Outcome("duplicate")
+            return Outcome("duplicate_skipped")
         except Exception as exc:
             return _failure(exc)
         finally:
@@ -136,28 +102,17 @@ class AsyncBeanManaged(AsyncUnitOfWork):
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncSession]:
-        outbox = self.resources.outbox
-        assert outbox is not None
         if self._opened:
             raise TransactionError(f"port {self.port!r}: ctx.transaction() is once per delivery")
         self._opened = True
         session = self._session()
         self.session = session  # type: ignore[assignment]
         try:
-            if self._already_applied():
-                raise DuplicateMessage(self.message_id)
-            async with session.begin():
-                if self._claim_first and not await session.run_sync(self._claim):
-                    raise DuplicateMessage(self.message_id)
+            async with AsyncRunner(self.port, self.resources, session).transaction(
+                    commit_sequence(self._plan(bean=True), [self.message_id])) as turn:
                 yield session
-                if self.rollback_only:
-                    raise RollbackOnly
-                await session.run_sync(_check_open)
-                if self._claim_last and not await session.run_sync(self._claim):
-                    raise DuplicateMessage(self.message_id)
-                self._pending = await session.run_sync(outbox.write, self.port, self._sends)
-            self._committed = True
-            crash_point("after-commit")
+                turn.returned(self.rollback_only, self._sends)
+            self._committed, self._pending = True, turn.pending
         except BaseException as exc:
             self._ended = exc
             raise
@@ -168,13 +123,9 @@ class AsyncBeanManaged(AsyncUnitOfWork):
     async def arun(self, call: Handler) -> Outcome:
         try:
             await call()
-            crash_point("in-handler")
-            if self.rollback_only and not self._opened:
-                raise RollbackOnly
-            if self._opened and not self._committed:  # the handler caught what ended it
-                raise self._ended or TransactionAborted("ctx.transaction() did not commit")
+            handler_returned(self.rollback_only, self._opened, self._committed, self._ended)
         except DuplicateMessage:
-            return Outcome("duplicate")
+            return Outcome("duplicate_skipped")
         except Exception as exc:
             return _failure(exc)
         return Outcome("handled", pending=self._pending, direct=self._after_tx)

@@ -22,8 +22,11 @@ message:
   the per-message path; a batch handler runs once.
 
 A transaction that did not commit (the database ended it under a handler
-that caught the error, ``units.single.ensure_open``) is a failed batch, never
+that caught the error, ``units.sequence.ensure_open``) is a failed batch, never
 a handled one.
+
+The order of the steps is the one of every unit of work (``units/sequence.py``);
+a batch's runner claims all its ids with one statement.
 
 A unit never acknowledges; the pipeline (``pipeline/batch.py``) settles the batch
 after the outcome is durable, exactly as for one delivery.
@@ -40,22 +43,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import TransactionError
 from ..handlers.registry import Invoker
 from ..message import Message
+from ..state.database import is_infrastructure
 from ..state.dedup import DuplicateMessage
 from ..state.outbox import Pending
-from ..support.crash import crash_point
 from ..support.outgoing import Outgoing
 from .context import BatchContext, MessageContext
-from .single import (
-    ClientAcknowledgment,
-    Outcome,
-    RollbackOnly,
-    TransactionAborted,
-    TransactionResources,
-    UnitOfWork,
-    claims_first,
-    ensure_open,
-    is_infrastructure,
-)
+from .runner import Runner
+from .sequence import Plan, claims_first, commit_sequence, handler_returned
+from .single import ClientAcknowledgment, Outcome, TransactionResources, UnitOfWork
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -112,10 +107,6 @@ class _Member(UnitOfWork):
         super().__init__(port, message_id, resources, once_only=False, move_copy=move_copy)
         self.session = session
 
-    @property
-    def sends(self) -> list[Outgoing]:
-        return self._sends
-
 
 class _BeanBatch(UnitOfWork):
     """BMT for a batch handler: ``ctx.transaction()`` covers the batch, dedup marks included."""
@@ -136,33 +127,28 @@ class _BeanBatch(UnitOfWork):
         # leaves after the handler returns.
         (self._sends if self.session is not None else self.after_tx).append(message)
 
-    @contextmanager
-    def _transaction(self) -> Iterator[Session]:
-        store, outbox, dedup = self.resources.store, self.resources.outbox, self.resources.dedup
-        assert store is not None and outbox is not None and dedup is not None
+    def _plan(self, *, bean: bool = True) -> Plan:
+        """Every dedup mark of the batch inside the handler's one transaction."""
+        return Plan(self.once_only, claims_first(self.resources.store), bean=bean, batch=True)
+
+    def opening(self) -> None:
+        """``ctx.transaction()`` is once per batch."""
         if self.opened:
             raise TransactionError(f"port {self.port!r}: ctx.transaction() is once per batch")
         self.opened = True
-        first = self.once_only and claims_first(store)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        store = self.resources.store
+        assert store is not None
+        self.opening()
         session = self.session = store.session()
         try:
-            if self.once_only and not first:  # SQLite: a short read, the claim goes last
-                _no_duplicates(dedup.seen_many(self.port, self.message_ids), set())
-            with session.begin() as begun:
-                if first:
-                    _no_duplicates(self.message_ids, dedup.claim_many(session, self.port,
-                                                                      self.message_ids))
+            with Runner(self.port, self.resources, session, many=True).transaction(
+                    commit_sequence(self._plan(), self.message_ids)) as turn:
                 yield session
-                if self.rollback_only:
-                    raise RollbackOnly
-                ensure_open(session, begun)
-                if self.once_only and not first:
-                    _no_duplicates(self.message_ids, dedup.claim_many(session, self.port,
-                                                                      self.message_ids))
-                self.pending = outbox.write(session, self.port, self._sends)
-                crash_point("before-commit")
-            self.committed = True
-            crash_point("after-commit")
+                turn.returned(self.rollback_only, self._sends)
+            self.committed, self.pending = True, turn.pending
         except BaseException as exc:
             self.ended = exc
             raise
@@ -173,12 +159,9 @@ class _BeanBatch(UnitOfWork):
     def bean_transaction(self) -> Any:
         return self._transaction()
 
-
-def _no_duplicates(wanted: Any, claimed: set[str]) -> None:
-    """Raise DuplicateMessage when an id of ``wanted`` is not among the ``claimed`` ones."""
-    missing = sorted(set(wanted) - claimed)
-    if missing:
-        raise DuplicateMessage(missing[0])
+    def returned(self) -> None:
+        """The batch handler returned (see :func:`handler_returned`)."""
+        handler_returned(self.rollback_only, self.opened, self.committed, self.ended)
 
 
 class BatchRunner:
@@ -197,6 +180,8 @@ class BatchRunner:
             self.kind = "container"
         else:
             self.kind = "none"
+        # A container-managed batch: the messages applied already are left out, not refused.
+        self.plan = Plan(once_only, claims_first(resources.store), partial=True, batch=True)
 
     def run(self, items: list[BatchItem], *, hold: Hold = _at_once,
             client_ack: ClientAcknowledgment | None = None) -> BatchOutcome:
@@ -230,32 +215,16 @@ class BatchRunner:
     # -- container-managed -------------------------------------------------
 
     def _container(self, items: list[BatchItem]) -> BatchOutcome:
-        store, outbox, dedup = self.resources.store, self.resources.outbox, self.resources.dedup
-        assert store is not None and outbox is not None and dedup is not None
+        store = self.resources.store
+        assert store is not None
         first, _ = self._distinct(items)
-        ids = {i: items[i].message.id for i in first}
-        claim_first = self.once_only and claims_first(store)
-        fresh = first
-        if self.once_only and not claim_first:  # SQLite: a short read, the claim goes last
-            seen = dedup.seen_many(self.port, list(ids.values()))
-            fresh = [i for i in first if ids[i] not in seen]
         session = store.session()
         try:
-            with session.begin() as begun:
-                if claim_first:
-                    claimed = dedup.claim_many(session, self.port, list(ids.values()))
-                    fresh = [i for i in first if ids[i] in claimed]
+            with Runner(self.port, self.resources, session, many=True).transaction(
+                    commit_sequence(self.plan, [items[i].message.id for i in first])) as turn:
+                fresh = _fresh(items, first, turn.fresh)
                 members = self._call_members(items, fresh, session)
-                crash_point("in-handler")
-                if any(member.rollback_only for member in members):
-                    raise RollbackOnly
-                ensure_open(session, begun)
-                if self.once_only and not claim_first and fresh:
-                    wanted = [ids[i] for i in fresh]
-                    _no_duplicates(wanted, dedup.claim_many(session, self.port, wanted))
-                pending = outbox.write(session, self.port, [s for m in members for s in m.sends])
-                crash_point("before-commit")
-            crash_point("after-commit")
+                turn.returned(*_left(members))
         except DuplicateMessage as exc:  # claimed meanwhile by a copy in flight elsewhere
             return BatchOutcome("conflict", exc)
         except Exception as exc:
@@ -263,7 +232,7 @@ class BatchRunner:
         finally:
             session.close()
         duplicates = sorted(set(range(len(items))) - set(fresh))
-        return BatchOutcome("handled", handled=fresh, duplicates=duplicates, pending=pending)
+        return BatchOutcome("handled", handled=fresh, duplicates=duplicates, pending=turn.pending)
 
     def _call_members(self, items: list[BatchItem], fresh: list[int], session: Session) -> list[_Member]:
         """The handlers of a container-managed batch, sharing its session; their units' flags and sends."""
@@ -288,11 +257,7 @@ class BatchRunner:
                           once_only=self.once_only, client_ack=client_ack)
         try:
             self._call_batch(items, first, unit)
-            crash_point("in-handler")
-            if unit.rollback_only and not unit.opened:
-                raise RollbackOnly
-            if unit.opened and not unit.committed:  # the handler caught what ended it
-                raise unit.ended or TransactionAborted("ctx.transaction() did not commit")
+            unit.returned()
         except DuplicateMessage as exc:
             return BatchOutcome("conflict", exc)
         except Exception as exc:
@@ -333,6 +298,17 @@ class BatchRunner:
                           move_copy=item.move_copy)
         ctx = MessageContext(item.message, self.port, unit)
         return unit.run(lambda: self.invoker(item.argument, ctx))
+
+
+def _fresh(items: list[BatchItem], first: list[int], ids: list[str]) -> list[int]:
+    """The indexes of the first copies whose ids the sequence left to handle."""
+    fresh = set(ids)
+    return [i for i in first if items[i].message.id in fresh]
+
+
+def _left(members: list[_Member]) -> tuple[bool, list[Outgoing]]:
+    """What a container-managed batch's handlers left: any rollback-only, and their sends."""
+    return any(m.rollback_only for m in members), [s for m in members for s in m.sends]
 
 
 def _failure(exc: BaseException) -> BatchOutcome:

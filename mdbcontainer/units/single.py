@@ -24,89 +24,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sqlalchemy import exc as sa_exc
-
 from ..errors import TransactionError
+from ..state.database import is_infrastructure
 from ..state.dedup import Dedup, DuplicateMessage
 from ..state.outbox import Outbox, Pending
-from ..support.crash import crash_point
 from ..support.outgoing import Outgoing
+from .runner import Runner
+from .sequence import Plan, claims_first, commit_sequence, handler_returned
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection
-    from sqlalchemy.orm import Session, SessionTransaction
+    from sqlalchemy.orm import Session
 
     from ..state.store import Store
 
-Kind = Literal["handled", "duplicate", "failed", "infrastructure"]
-_SQLITE_ERROR = 1  # the primary result code of a statement SQLite cannot run
-IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
-_PQTRANS_INERROR = 3  # libpq's transaction status after an error inside it (psycopg, psycopg2)
-
-
-class RollbackOnly(Exception):
-    """The handler marked the transaction rollback-only."""
-
-    def __str__(self) -> str:
-        return "the handler called ctx.set_rollback_only()"
-
-
-class TransactionAborted(Exception):
-    """The transaction ended before its commit: its COMMIT would roll everything back, silently.
-
-    PostgreSQL aborts a transaction at the first error inside it; a handler
-    that catches that error and goes on (the "insert if missing" idiom) leaves
-    a transaction whose COMMIT answers ROLLBACK without raising. Acknowledged,
-    its message would be lost with its rows and dedup mark: it is a failed
-    delivery instead, counted like any other.
-    """
-
-
-def ensure_open(session: Session, begun: SessionTransaction) -> None:
-    """Raise :class:`TransactionAborted` when ``begun`` can no longer commit.
-
-    Local checks, no round trip: SQLAlchemy's own state (a flush that failed
-    inside the handler, a ``session.rollback()``), then the driver's: libpq's
-    transaction status on PostgreSQL, and on SQLite whether the database is
-    still inside the transaction (an ``ON CONFLICT ROLLBACK``, a full disk or
-    a trigger's ``RAISE(ROLLBACK)`` end it, and later statements would then
-    commit one by one).
-    """
-    if session.get_transaction() is not begun or not begun.is_active:
-        raise TransactionAborted(
-            "the session's transaction was ended inside the handler (a failed flush caught, "
-            "session.rollback() or session.commit()): the container's unit of work cannot commit"
-        )
-    if _ended_by_database(session.connection()):
-        raise TransactionAborted(
-            "the database aborted the transaction after an error inside it that the handler "
-            "caught: nothing of it can commit (wrap a statement that may fail in "
-            "session.begin_nested(), a savepoint, to go on after its error)"
-        )
-
-
-def _ended_by_database(connection: Connection) -> bool:
-    # The driver's own connection: sqlite3's or psycopg's, or aiosqlite's and psycopg's async ones
-    # under an AsyncSession (each has the same ``info`` or ``in_transaction``).
-    raw = connection.connection.driver_connection
-    dialect = connection.dialect.name
-    if dialect == "postgresql":
-        info = getattr(raw, "info", None)
-        return getattr(info, "transaction_status", None) == _PQTRANS_INERROR
-    if dialect == "sqlite":  # the container's SQLite engine always opens an explicit BEGIN
-        return getattr(raw, "in_transaction", True) is False
-    return False
-
-
-def claims_first(store: Store | None) -> bool:
-    """Claim dedup rows before the handlers run: a concurrent duplicate then waits before any work.
-
-    On SQLite the first write takes the database's only write lock until the
-    commit, so a claim made first would hold it through every handler (and
-    the container's heartbeats, hand-back records and ``mdb port stop`` would
-    wait on it): there the claim goes last, just before the commit.
-    """
-    return store is not None and store.dialect != "sqlite"
+Kind = Literal["handled", "duplicate_skipped", "failed", "infrastructure"]  # as counted (state.metrics)
 
 
 @dataclass
@@ -117,77 +48,6 @@ class Outcome:
     error: BaseException | None = None
     pending: list[Pending] = field(default_factory=list)
     direct: list[Outgoing] = field(default_factory=list)
-
-
-def is_infrastructure(exc: BaseException) -> bool:
-    """A lost or refused database connection: retried, never counted against the message.
-
-    Except a session the server ended because the handler left its transaction
-    idle past ``database_timeout`` (SQLSTATE 25P03): the connection is gone, but
-    the handler caused it, as a statement timeout; waited out as an outage, that
-    message would be retried forever, never counted.
-    """
-    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
-    if sqlstate == IDLE_IN_TRANSACTION_TIMEOUT:
-        return False
-    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
-        return True
-    if _sqlite_statement_error(exc):
-        return False
-    if isinstance(sqlstate, str) and sqlstate:
-        return _transient_sqlstate(sqlstate)
-    return isinstance(
-        exc,
-        sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.DisconnectionError
-        | sa_exc.TimeoutError,
-    )
-
-
-# What PostgreSQL says, before any SQLSTATE reaches the client, when the login itself is wrong
-# (libpq reports a failed startup as text only): 3D000, 28000, 28P01.
-_REFUSED_AT_LOGIN = ("does not exist", "password authentication failed", "no pg_hba.conf entry",
-                     "is not permitted to log in", "no password supplied")
-
-
-def database_refused(exc: BaseException) -> bool:
-    """The database refused the settings themselves: a missing database or role, a wrong password.
-
-    An outage while running (a role locked for a moment is waited out like any
-    refused connection), but at start a configuration error: waiting cannot
-    create a database, so ``mdb check`` and ``mdb run`` exit 2 on it.
-    """
-    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
-    if isinstance(sqlstate, str) and sqlstate:
-        return sqlstate == "3D000" or sqlstate.startswith("28")
-    if not isinstance(exc, sa_exc.OperationalError):
-        return False
-    text = str(getattr(exc, "orig", exc))
-    said_by_server = "FATAL" in text or "fe_sendauth" in text  # not a statement's own error
-    return said_by_server and any(marker in text for marker in _REFUSED_AT_LOGIN)
-
-
-def _transient_sqlstate(sqlstate: str) -> bool:
-    """PostgreSQL errors that are the server's state, not the message's: waited out, not counted.
-
-    Connection exceptions (08), a login refused (28) or a database missing (3D),
-    insufficient resources (53), serialization failures and deadlocks (40,
-    which pass on retry) and the server shutting down (57P01-57P03). A
-    statement or lock timeout (57014, 55P03) is not among them: a message
-    whose query always times out is a failed delivery, counted and in the end
-    backed out, instead of being retried forever uncounted.
-    """
-    return sqlstate[:2] in {"08", "28", "3D", "53", "40"} or sqlstate in {"57P01", "57P02", "57P03"}
-
-
-def _sqlite_statement_error(exc: BaseException) -> bool:
-    """SQLite's SQLITE_ERROR: the statement itself is wrong (a missing table, a syntax error).
-
-    SQLite raises it as OperationalError, the class of a locked or unreadable
-    database; waited out as an outage, a handler's bad SQL would loop forever,
-    never counted and never backed out.
-    """
-    code = getattr(getattr(exc, "orig", None), "sqlite_errorcode", None)
-    return isinstance(code, int) and code & 0xFF == _SQLITE_ERROR
 
 
 class ClientAcknowledgment(Protocol):
@@ -230,23 +90,15 @@ class UnitOfWork:
         self._move_copy = move_copy
         self._client_ack = client_ack
 
-    @property
-    def _claim_first(self) -> bool:
-        """Claim the dedup row first, except on SQLite (see :func:`claims_first`)."""
-        return self.once_only and claims_first(self.resources.store)
+    def _plan(self, *, bean: bool = False) -> Plan:
+        """The steps of this unit's commit sequence (``units/sequence.py``)."""
+        return Plan(self.once_only, claims_first(self.resources.store), bean=bean)
 
     @property
-    def _claim_last(self) -> bool:
-        return self.once_only and not self._claim_first
-
-    def _already_applied(self) -> bool:
-        """Claim-last stores: a duplicate whose row committed earlier never reaches the handler.
-
-        A short read outside the transaction; only two copies in flight at once
-        can both run the handler there (the second's work is rolled back).
-        """
-        dedup = self.resources.dedup
-        return self._claim_last and dedup is not None and dedup.seen(self.port, self.message_id)
+    def sends(self) -> list[Outgoing]:
+        """The sends made so far, in order: published after the handler (no transaction), or
+        written as outbox rows at the commit."""
+        return self._sends
 
     def send(self, message: Outgoing) -> None:
         self._sends.append(message)
@@ -273,9 +125,7 @@ class UnitOfWork:
         """Run the handler, ``call(*args)``; sends leave after it returns (no transaction to join)."""
         try:
             call(*args)
-            crash_point("in-handler")
-            if self.rollback_only:
-                raise RollbackOnly
+            handler_returned(self.rollback_only)
         except Exception as exc:
             return failure(exc)
         return Outcome("handled", direct=list(self._sends))
@@ -285,36 +135,22 @@ class ContainerManaged(UnitOfWork):
     """CMT: dedup claim, handler, outbox and commit in one transaction the container owns."""
 
     def run(self, call: Callable[..., None], *args: Any) -> Outcome:
-        store, outbox = self.resources.store, self.resources.outbox
-        assert store is not None and outbox is not None
-        if self._already_applied():
-            return Outcome("duplicate")
+        store = self.resources.store
+        assert store is not None
         session = self.session = store.session()
         try:
-            with session.begin() as begun:
-                if self._claim_first and not self._claim(session):
-                    session.rollback()
-                    return Outcome("duplicate")
+            with Runner(self.port, self.resources, session).transaction(
+                    commit_sequence(self._plan(), [self.message_id])) as turn:
                 call(*args)
-                crash_point("in-handler")
-                if self.rollback_only:
-                    raise RollbackOnly
-                ensure_open(session, begun)
-                if self._claim_last and not self._claim(session):
-                    session.rollback()
-                    return Outcome("duplicate")
-                pending = outbox.write(session, self.port, self._sends)
-            crash_point("after-commit")
-            return Outcome("handled", pending=pending)
+                turn.returned(self.rollback_only, self._sends)
+            return Outcome("handled", pending=turn.pending)
+        except DuplicateMessage:
+            return Outcome("duplicate_skipped")
         except Exception as exc:
             return failure(exc)
         finally:
             session.close()
             self.session = None
-
-    def _claim(self, session: Session) -> bool:
-        assert self.resources.dedup is not None
-        return self.resources.dedup.claim(session, self.port, self.message_id)
 
 
 class BeanManaged(UnitOfWork):
@@ -338,27 +174,18 @@ class BeanManaged(UnitOfWork):
 
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
-        store, outbox = self.resources.store, self.resources.outbox
-        assert store is not None and outbox is not None
+        store = self.resources.store
+        assert store is not None
         if self._opened:
             raise TransactionError(f"port {self.port!r}: ctx.transaction() is once per delivery")
         self._opened = True
         session = self.session = store.session()
         try:
-            if self._already_applied():
-                raise DuplicateMessage(self.message_id)
-            with session.begin() as begun:
-                if self._claim_first and not self._claim(session):
-                    raise DuplicateMessage(self.message_id)
+            with Runner(self.port, self.resources, session).transaction(
+                    commit_sequence(self._plan(bean=True), [self.message_id])) as turn:
                 yield session
-                if self.rollback_only:
-                    raise RollbackOnly
-                ensure_open(session, begun)
-                if self._claim_last and not self._claim(session):
-                    raise DuplicateMessage(self.message_id)
-                self._pending = outbox.write(session, self.port, self._sends)
-            self._committed = True
-            crash_point("after-commit")
+                turn.returned(self.rollback_only, self._sends)
+            self._committed, self._pending = True, turn.pending
         except BaseException as exc:
             self._ended = exc
             raise
@@ -369,20 +196,12 @@ class BeanManaged(UnitOfWork):
     def bean_transaction(self) -> Any:
         return self._transaction()
 
-    def _claim(self, session: Session) -> bool:
-        assert self.resources.dedup is not None
-        return self.resources.dedup.claim(session, self.port, self.message_id)
-
     def run(self, call: Callable[..., None], *args: Any) -> Outcome:
         try:
             call(*args)
-            crash_point("in-handler")
-            if self.rollback_only and not self._opened:
-                raise RollbackOnly
-            if self._opened and not self._committed:  # the handler caught what ended it
-                raise self._ended or TransactionAborted("ctx.transaction() did not commit")
+            handler_returned(self.rollback_only, self._opened, self._committed, self._ended)
         except DuplicateMessage:
-            return Outcome("duplicate")
+            return Outcome("duplicate_skipped")
         except Exception as exc:
             return failure(exc)
         return Outcome("handled", pending=self._pending, direct=self._after_tx)

@@ -14,40 +14,32 @@ from __future__ import annotations
 import logging
 import socket
 from contextlib import suppress
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import kombu
 import tenacity
-from amqp.exceptions import AccessRefused, NotAllowed
+from amqp.exceptions import AccessRefused, NotAllowed, PreconditionFailed
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from ..errors import BrokerUnavailable, QueueUnavailable
-from ..settings import EMBEDDED_DEFAULT_FILE, Settings, broker_urls, mask_url
+from ..errors import BrokerUnavailable
+from ..settings import Settings, broker_urls, mask_url
 from ..support.failures import describe
 from ..support.retry import DEFAULT as RETRY
 from ..support.tracing import tracing_for
 from .delays import wait_queues
+from .embedded import EMBEDDED, EMBEDDED_CAPS, EmbeddedTransport
+from .partitions import Partitioned, partitioned
+from .rabbitmq import RABBITMQ, RabbitMQTransport, node_down
+from .sqs import SQSTransport
+from .transport import Capabilities, Transport
+
+#: Every transport, by the URL schemes it serves (docs/architecture.md, "How to add a transport").
+TRANSPORTS: tuple[type[Transport], ...] = (RabbitMQTransport, EmbeddedTransport, SQSTransport)
 
 log = logging.getLogger("mdbcontainer.broker")
 
-EMBEDDED = "embedded://"
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What the transport provides natively; the container emulates or refuses the rest."""
-
-    name: str
-    publisher_confirms: bool
-    redelivered_flag: bool
-    channel_transactions: bool
-    exclusive_queues: bool
-
-
-RABBITMQ = Capabilities("rabbitmq", True, True, True, True)
-EMBEDDED_CAPS = Capabilities("embedded", False, True, False, False)
+__all__ = ["EMBEDDED", "EMBEDDED_CAPS", "RABBITMQ", "TRANSPORTS", "Broker", "Capabilities", "Transport",
+           "broker_refused", "connection_errors", "node_down", "transport_for"]
 
 
 def connection_errors() -> tuple[type[BaseException], ...]:
@@ -66,27 +58,6 @@ def connection_errors() -> tuple[type[BaseException], ...]:
     )
 
 
-# What RabbitMQ says when a queue's node is down or its quorum has no leader yet.
-_NODE_DOWN = ("down or inaccessible", "home node", "nodedown", "noproc", "timeout", "timed out")
-
-
-def node_down(exc: BaseException) -> bool:
-    """A channel error that names an unavailable cluster node, not a wrong request.
-
-    ``404 NOT_FOUND - home node 'rabbit@h2' of durable queue 'Q' in vhost '/' is
-    down or inaccessible`` is not a missing queue: the queue comes back with
-    its node. The text is all RabbitMQ gives to tell the two apart.
-    """
-    import amqp
-
-    if not isinstance(exc, amqp.exceptions.AMQPError):
-        return False
-    if isinstance(exc, amqp.exceptions.PreconditionFailed | amqp.exceptions.AccessRefused):
-        return False  # a request the broker refuses (its text may name an x-...-timeout argument)
-    text = str(exc).lower()
-    return any(marker in text for marker in _NODE_DOWN)
-
-
 class Broker:
     """Builds kombu connections for the settings' broker URL and declares topology."""
 
@@ -100,15 +71,22 @@ class Broker:
         self.urls = broker_urls(self.url)
         self._node = 0
         self.heartbeat = int(settings.container.heartbeat.total_seconds())
-        self.is_embedded = self.url.startswith(EMBEDDED)
-        self.capabilities = EMBEDDED_CAPS if self.is_embedded else RABBITMQ
+        self.transport: Transport = transport_for(settings, self.urls[0])
+        self.capabilities: Capabilities = self.transport.capabilities
         self._waits: dict[str, dict[str, Any]] | None = None  # wait queue -> arguments, when asked
         self.tracing = tracing_for(settings)  # every publish and delivery through this broker
+        # The embedded transport's poll of an empty queue, in seconds (None: its own default).
+        # mdbcontainer.testing polls more often: a test waits on every delivery.
+        self.polling_interval: float | None = None
+        # Ordered destinations spread over partitions: published to by key (partitions.py).
+        # (None on the embedded broker, which refuses partitions at binding.)
+        self.partitions: dict[str, Partitioned] = (
+            partitioned(settings) if self.capabilities.partitions else {})
 
     @property
     def embedded_path(self) -> str:
-        """The embedded broker's SQLite file (its default when the URL names none)."""
-        return self.url[len(EMBEDDED):] or EMBEDDED_DEFAULT_FILE
+        """The broker's file, on a transport that lives in one (``capabilities.local_file``)."""
+        return str(getattr(self.transport, "path", ""))
 
     def route(self, destination: str) -> tuple[str, str, bool]:
         """(exchange, routing key, mandatory) of a destination, as the README's *Guarantees* name them.
@@ -134,39 +112,11 @@ class Broker:
         means a dead network, even while nobody reads the socket.
         """
         timeout = self.settings.container.connect_timeout.total_seconds()
-        if self.is_embedded:
-            from .. import embedded
-
-            path = Path(self.embedded_path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return kombu.Connection(hostname=str(path), transport=embedded.Transport)
-        options: dict[str, Any] = {}
-        if confirms and self.capabilities.publisher_confirms:
-            options["confirm_publish"] = True
-        beat = self.heartbeat if heartbeat else 0
-        if beat and hasattr(socket, "TCP_USER_TIMEOUT"):
-            options["socket_settings"] = {socket.TCP_USER_TIMEOUT: 2 * beat * 1000}
+        beat = self.heartbeat if heartbeat and self.capabilities.heartbeats else 0
         url = self.urls[self._node if node is None else node]
-        return kombu.Connection(
-            url,
-            connect_timeout=timeout,
-            transport_options=options,
-            heartbeat=beat,
-            ssl=self._ssl(url),
-        )
-
-    def _ssl(self, url: str) -> Any:
-        c = self.settings.container
-        if not url.startswith("amqps://"):
-            return None
-        if not (c.ssl_ca or c.ssl_cert):
-            return True
-        import ssl
-
-        context = ssl.create_default_context(cafile=c.ssl_ca)
-        if c.ssl_cert:
-            context.load_cert_chain(c.ssl_cert, c.ssl_key)
-        return context
+        return self.transport.connection(
+            url, confirms=confirms and self.capabilities.publisher_confirms, heartbeat=beat,
+            timeout=timeout, polling_interval=self.polling_interval)
 
     def connect_once(self, *, confirms: bool = False, heartbeat: bool = False) -> kombu.Connection:
         """One attempt on each node in turn (the caller's retry policy decides when to try again)."""
@@ -242,54 +192,99 @@ class Broker:
 
     # -- topology ----------------------------------------------------------
 
-    def queue_arguments(self, name: str) -> dict[str, Any]:
-        """The declare arguments of queue ``name``: none unless its settings ask."""
+    def queue_arguments(self, name: str, *, dead_lettering: bool = True) -> dict[str, Any]:
+        """The declare arguments of queue ``name``: none unless its settings ask.
+
+        A quorum queue dead-letters what the broker itself gives up on (its
+        ``delivery-limit``, which RabbitMQ 4 sets to 20 by default; an expiry) to
+        the queue's backout queue, or to its expiry queue when it has one, with
+        the broker's reason in ``x-death``: never dropped. At least once (RabbitMQ
+        3.10 and later), which the broker allows with ``reject-publish`` only.
+        ``dead_lettering=False``: the arguments a quorum queue had before that.
+        """
         q = self.settings.queue(name)
         args: dict[str, Any] = {}
         if q.max_priority:
             args["x-max-priority"] = q.max_priority
         if q.quorum:
             args["x-queue-type"] = "quorum"
-        if q.expiry_queue:
+        target = q.expiry_queue
+        if q.quorum and dead_lettering:
+            target = target or self.settings.backout_queue_for(name)
+        if target and target != name:
             args["x-dead-letter-exchange"] = ""
-            args["x-dead-letter-routing-key"] = q.expiry_queue
+            args["x-dead-letter-routing-key"] = target
+            if q.quorum and dead_lettering:
+                args.update({"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})
         return args
 
     def declare_queue(self, channel: Any, name: str) -> None:
-        """Declare durable queue ``name`` with its settings' arguments (and its expiry queue)."""
+        """Declare durable queue ``name`` with its settings' arguments (and its expiry queue).
+
+        A partitioned destination is its exchange and partition queues instead (partitions.py).
+        """
         expiry = self.settings.queue(name).expiry_queue
         if expiry:
             self._declare(channel, expiry)
+        part = self.partitions.get(name)
+        if part is not None:
+            part.declare(channel, self.queue_arguments(name))
+            return
         self._declare(channel, name)
+
+    def keyed(self, exchange: str, routing_key: str, body: bytes,
+              properties: dict[str, Any]) -> tuple[str, str]:
+        """The route of one message: to a partitioned destination, by its key; else as given."""
+        part = self.partitions.get(routing_key) if not exchange else None
+        if part is None:
+            return exchange, routing_key
+        return part.destination, part.routing_key(body, properties)
 
     def _declare(self, channel: Any, name: str) -> None:
         """Declare queue ``name``, then the queues its failed messages wait on (delays.py), if any."""
-        self._declare_with(channel, name, self.queue_arguments(name))
-        for wait, arguments in wait_queues(name, self.settings.queue(name)).items():
-            self._declare_with(channel, wait, arguments)
+        arguments = self.queue_arguments(name)
+        if "x-dead-letter-strategy" in arguments and self.capabilities.strict_redeclare:
+            arguments = self._accepted(channel, name, arguments)
+        self._declare_with(channel, name, arguments)
+        if not self.capabilities.postpones:  # else a delay is the message's own (Delivery.postpone)
+            for wait, arguments in wait_queues(name, self.settings.queue(name)).items():
+                self._declare_with(channel, wait, arguments)
 
     def wait_queue_arguments(self, name: str) -> dict[str, Any] | None:
         """The declare arguments of ``name`` if it is a wait queue of a queue the settings name."""
         if self._waits is None:
-            self._waits = {wait: args for queue, q in self.settings.queues.items()
-                           for wait, args in wait_queues(queue, q).items()}
+            self._waits = {} if self.capabilities.postpones else {
+                wait: args for queue, q in self.settings.queues.items()
+                for wait, args in wait_queues(queue, q).items()}
         return self._waits.get(name)
+
+    def _accepted(self, channel: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """``arguments``, unless quorum queue ``name`` exists from before its dead-lettering: then
+        the arguments it has (the broker refuses others), and a WARNING saying how to add it.
+
+        Tried on a channel of its own: a refused declare closes the channel it was sent on.
+        """
+        trial = channel.connection.channel()
+        try:
+            trial.queue_declare(queue=name, durable=True, auto_delete=False, arguments=arguments)
+            return arguments
+        except PreconditionFailed:
+            target = arguments["x-dead-letter-routing-key"]
+            log.warning("quorum queue %r was declared without dead-lettering: what the broker gives "
+                        "up on (its delivery-limit) is dropped, not moved to %r. Add it with a "
+                        "policy (dead-letter-exchange \"\", dead-letter-routing-key %s, "
+                        "dead-letter-strategy at-least-once, overflow reject-publish), or delete "
+                        "the empty queue to have it declared anew", name, target, target)
+            return self.queue_arguments(name, dead_lettering=False)
+        finally:
+            with suppress(Exception):
+                trial.close()
 
     def _declare_with(self, channel: Any, name: str, arguments: dict[str, Any]) -> None:
         def declare() -> None:
             channel.queue_declare(queue=name, durable=True, auto_delete=False, arguments=arguments or None)
 
-        if not self.is_embedded:
-            try:
-                declare()
-            except Exception as exc:
-                if node_down(exc):
-                    raise QueueUnavailable(f"queue {name!r} is unavailable: {describe(exc)}") from exc
-                raise
-            return
-        # The embedded transport's race on a first declare from two processes: try again.
-        tenacity.Retrying(stop=tenacity.stop_after_attempt(5), reraise=True,
-                          wait=tenacity.wait_incrementing(0.05, 0.05))(declare)
+        self.transport.declare(declare, name)
 
     def declare_topic(self, channel: Any, topic: str) -> None:
         channel.exchange_declare(exchange=topic, type="topic", durable=True, auto_delete=False)
@@ -323,6 +318,13 @@ class Broker:
         elif (arguments := self.wait_queue_arguments(destination)) is not None:
             self._declare_with(channel, destination, arguments)  # deleted by an operator? back again
         return route
+
+
+def transport_for(settings: Settings, url: str) -> Transport:
+    """The transport serving ``url``'s scheme (settings validation already refused any other)."""
+    scheme = url.split("://", 1)[0].lower()
+    kind = next((t for t in TRANSPORTS if scheme in t.schemes), RabbitMQTransport)
+    return kind(settings, url)
 
 
 def _worth_retrying(exc: BaseException) -> bool:

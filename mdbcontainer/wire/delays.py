@@ -40,14 +40,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from ..errors import PublishError
 from ..settings import QueueSettings, format_duration
+from ..support import clock
 from ..support.crash import crash_point
 from ..support.outgoing import Outgoing
-from .delivery import WAIT_EXPIRES_AT, WAIT_HEADERS, WAITED, Delivery
+from .delivery import Delivery
+from .headers import (
+    EXCEPTION,
+    FAILED_AT,
+    ORIGINAL_DESTINATION,
+    PORT,
+    REDELIVERY_COUNT,
+    WAIT_EXPIRES_AT,
+    WAIT_HEADERS,
+    WAITED,
+)
 
 log = logging.getLogger("mdbcontainer.delays")
 
@@ -126,14 +137,14 @@ def left_after(delivery: Delivery) -> int | None:
     if delivery.redelivered or not came_back(delivery):
         return None
     try:
-        return int(delivery.header("x-mdb-redelivery-count"))
+        return int(delivery.header(REDELIVERY_COUNT))
     except (TypeError, ValueError):
         return None
 
 
 def carried_failure(delivery: Delivery) -> str | None:
     """The last failure's text a message brought back from its wait (None for any other)."""
-    return delivery.header("x-mdb-exception") if came_back(delivery) else None
+    return delivery.header(EXCEPTION) if came_back(delivery) else None
 
 
 class Delays:
@@ -159,6 +170,8 @@ class Delays:
         if not wait:
             return False
         crash_point("before-wait")
+        if delivery.postpone(wait):  # the transport keeps the wait on the message (SQS): no copy
+            return True
         try:
             self._publish(self.copy(delivery, wait, failures, exception))
         except PublishError as exc:
@@ -171,15 +184,15 @@ class Delays:
 
     def copy(self, delivery: Delivery, wait: timedelta, failures: int, exception: str) -> Outgoing:
         """The delivery bound for its wait queue: body, id and properties as they came, plus context."""
-        now = datetime.now(UTC)
+        now = clock.now()
         headers = {k: v for k, v in delivery.headers.items() if k not in WAIT_HEADERS}
         headers.update({
             WAITED: format_duration(wait),
-            "x-mdb-original-destination": self.queue,
-            "x-mdb-port": self.port,
-            "x-mdb-redelivery-count": failures,
-            "x-mdb-exception": exception,
-            "x-mdb-failed-at": now.isoformat(),
+            ORIGINAL_DESTINATION: self.queue,
+            PORT: self.port,
+            REDELIVERY_COUNT: failures,
+            EXCEPTION: exception,
+            FAILED_AT: now.isoformat(),
         })
         expires_at = delivery.expires_at()
         if expires_at is not None:

@@ -18,15 +18,7 @@ from typing import Any
 
 from ..message import Message, decode_body, from_epoch
 from ..support.outgoing import DELIVERY_MODE_PERSISTENT, Outgoing
-
-# Headers a message carries while it waits out a redelivery delay (delays.py). The handler never
-# sees them: a message comes back "with the producer's headers as they were" (README).
-WAITED = "x-mdb-waited"  # the wait it came back from; marks a redelivery the broker does not flag
-WAIT_EXPIRES_AT = "x-mdb-expires-at"  # its expiry: the broker drops ``expiration`` when it dead-letters
-WAIT_HEADERS = frozenset({
-    WAITED, WAIT_EXPIRES_AT, "x-mdb-original-destination", "x-mdb-port", "x-mdb-redelivery-count",
-    "x-mdb-exception", "x-mdb-failed-at",
-})
+from .headers import WAIT_EXPIRES_AT, WAIT_HEADERS, WAITED
 
 # The AMQP properties a copy keeps (headers are handled apart; expiration is dropped).
 _COPIED_PROPERTIES = (
@@ -60,6 +52,12 @@ class Delivery:
     @property
     def properties(self) -> dict[str, Any]:
         return self._raw.properties  # type: ignore[no-any-return]
+
+    def at_a_glance(self) -> tuple[dict[str, Any], dict[str, Any] | None, Any]:
+        """(properties, headers or None, the broker's redelivered flag), uncopied, in one call:
+        what the pipeline's first look at a delivery reads (its hot path)."""
+        raw = self._raw
+        return raw.properties, raw.headers, raw.delivery_info.get("redelivered")
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -136,6 +134,17 @@ class Delivery:
     def ack(self, *, multiple: bool = False) -> None:
         """Tell the broker the message is done (``multiple``: and every earlier one of the channel)."""
         self._raw.ack(multiple=multiple)
+
+    def postpone(self, wait: timedelta) -> bool:
+        """Leave the message on its queue, delivered again after ``wait``: True where the
+        transport keeps a delay on the message itself (SQS's visibility timeout), settling it
+        here; False where it cannot (then the delay is a wait queue, delays.py)."""
+        postpone = getattr(self._raw.channel, "postpone", None)
+        if postpone is None:
+            return False
+        postpone(self._raw.delivery_tag, wait.total_seconds())
+        self._raw._state = "REQUEUED"  # settled: kombu's ``acknowledged`` says so
+        return True
 
     def requeue(self) -> None:
         """Give the message back to its queue, to be delivered again."""
@@ -228,7 +237,7 @@ def envelope(delivery: Delivery, message_id: str, count: int, accept: list[str] 
     _set(message, "id", message_id)
     _set(message, "body", body)
     headers = dict(raw.headers or ())
-    if WAITED in headers:  # back from a redelivery delay: the producer's headers only
+    if WAITED in headers:  # back from a redelivery delay: the producer's headers only (README)
         headers = {k: v for k, v in headers.items() if k not in WAIT_HEADERS}
     _set(message, "headers", headers)
     _set(message, "redelivery_count", count)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
+from collections.abc import Callable
 from struct import Struct
 from typing import Any
 
@@ -39,18 +40,24 @@ _FRAME_END = 0xCE
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
 
-def read_until_method(amqp_conn: Any, timeout: float) -> None:
+def read_until_method(amqp_conn: Any, timeout: float,
+                      before_wait: Callable[[], None] | None = None) -> None:
     """Read frames until a method frame came (a delivery's is handled then), or ``timeout`` is up.
 
     Not py-amqp's drain_events: it reads on until a method frame comes, each
     broker heartbeat starting its timeout again, so on a quiet queue it can hold
     the lock for ever and our own heartbeats stop (the broker then closes us).
+    ``before_wait`` is called when nothing that has arrived is left to handle,
+    before the read waits for more (the consumer sends the acknowledgments it owes).
     """
     sock = _bulk_socket(amqp_conn)
     if sock is None:
+        if before_wait is not None:  # py-amqp reads: it may wait at once
+            before_wait()
         _by_py_amqp(amqp_conn, timeout)
         return
-    _pump(amqp_conn, sock, limit=sys.maxsize, until_method=True, timeout=timeout)
+    _pump(amqp_conn, sock, limit=sys.maxsize, until_method=True, timeout=timeout,
+          before_wait=before_wait)
 
 
 def read_ready(amqp_conn: Any, limit: int) -> int | None:
@@ -78,7 +85,7 @@ def _bulk_socket(amqp_conn: Any) -> socket.socket | None:
 
 
 def _pump(amqp_conn: Any, sock: socket.socket, *, limit: int, until_method: bool,
-          timeout: float | None) -> int:
+          timeout: float | None, before_wait: Callable[[], None] | None = None) -> int:
     """Cut whole frames out of py-amqp's read buffer and hand each to its frame handler,
     reading the socket without waiting when none is whole; return the frames handled.
 
@@ -113,6 +120,9 @@ def _pump(amqp_conn: Any, sock: socket.socket, *, limit: int, until_method: bool
         except BlockingIOError:  # nothing has come: done, or wait for it as py-amqp would
             if timeout is None:
                 return read
+            if before_wait is not None:  # once: what it writes gets no answer to read
+                before_wait()
+                before_wait = None
             if not deadline:
                 deadline = time.monotonic() + timeout
             left = deadline - time.monotonic()

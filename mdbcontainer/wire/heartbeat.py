@@ -49,6 +49,10 @@ class Heartbeat:
         self._away = False
         now = time.monotonic()
         self._heard_at = self._sent_at = now
+        # When a read of the connection last ended: the broker's silence is proven only up to
+        # then. An event loop's owner reads between its tasks and holds no lock otherwise, so a
+        # handler that blocks the loop leaves the broker's frames unread in the socket.
+        self._read_at = now
         self._recv = connection.bytes_recv
         self._sent = connection.bytes_sent
         self._stop = threading.Event()
@@ -75,9 +79,11 @@ class Heartbeat:
 
         The caller holds :attr:`lock`. Any frame counts, both ways. While the
         owner is away (a handler runs, nobody reads), what the broker sent waits
-        in the socket, so silence is not held against the broker then; the
-        kernel still ends the connection if our heartbeats go unacknowledged
-        (TCP user timeout, set by the broker seam to two heartbeats).
+        in the socket, so silence is not held against the broker then, nor after
+        the last read ended (an async handler that blocks its loop: nobody reads,
+        though nobody said so); the kernel still ends the connection if our
+        heartbeats go unacknowledged (TCP user timeout, set by the broker seam to
+        two heartbeats).
         """
         now = time.monotonic()
         conn = self._conn
@@ -88,7 +94,7 @@ class Heartbeat:
         if now - self._sent_at >= self.interval / 2:
             conn.send_heartbeat()
             self._sent, self._sent_at = conn.bytes_sent, now
-        silent = now - self._heard_at
+        silent = self._read_at - self._heard_at
         if silent > 2 * self.interval:
             raise ConnectionForced(
                 f"no frame from the broker for {silent:.1f}s (heartbeat {self.interval:g}s): "
@@ -106,6 +112,7 @@ class Heartbeat:
                 yield
             finally:
                 self._away, self._holder = was_away, holder
+                self._read_at = time.monotonic()
 
     def read(self, call: Callable[..., T], *args: Any) -> T:
         """:meth:`reading` around ``call(*args)``, without a generator: a consumer drains once
@@ -118,6 +125,7 @@ class Heartbeat:
                 return call(*args)
             finally:
                 self._away, self._holder = was_away, holder
+                self._read_at = time.monotonic()
 
     @contextmanager
     def away(self) -> Iterator[None]:
@@ -195,6 +203,7 @@ class Heartbeat:
         with suppress(socket.timeout, TimeoutError):
             for _ in range(20):  # a few frames at most: an idle connection receives little
                 self._conn.drain_events(timeout=0.05)
+        self._read_at = time.monotonic()
 
     def _kill(self, exc: BaseException) -> None:
         """Shut the socket down, so that the owner's next read or write fails and it reconnects."""

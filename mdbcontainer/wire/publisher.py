@@ -116,6 +116,8 @@ class Publisher:
     def _publish(self, *, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any],
                  mandatory: bool) -> None:
         channel = self.channel
+        if self.broker.partitions:  # an ordered destination's partition, by the message's key
+            exchange, routing_key = self.broker.keyed(exchange, routing_key, body, properties)
         message = prepare(channel, body, properties)
         self._returned.clear()
         try:
@@ -129,8 +131,7 @@ class Publisher:
             self.close()
             raise PublishError(f"publish to {exchange or routing_key!r} failed: {describe(exc)}") from exc
         if self.broker.capabilities.publisher_confirms:  # basic_publish waited for its confirm
-            self._window.published += 1
-            self._window.confirmed = self._window.published
+            self._window.confirmed_in_place()
         if self._returned:
             self._declared.discard(routing_key)  # deleted since declared? the next route declares it
             raise Unroutable(
@@ -170,10 +171,14 @@ class Publisher:
                 for index, item in enumerate(items):
                     message = prepare(channel, item.body, item.properties)
                     returned = len(self._returned)
-                    send(message, exchange=item.exchange, routing_key=item.routing_key,
+                    exchange, routing_key = item.exchange, item.routing_key
+                    if self.broker.partitions:
+                        exchange, routing_key = self.broker.keyed(exchange, routing_key, item.body,
+                                                                  item.properties)
+                    send(message, exchange=exchange, routing_key=routing_key,
                          mandatory=item.mandatory)
                     if confirms:
-                        window.published += 1
+                        window.sent()
                     elif len(self._returned) > returned:  # the embedded broker returns at once
                         errors[index] = self._unroutable(item.routing_key)
                     if index == 0 and after_first is not None:
@@ -184,11 +189,8 @@ class Publisher:
                         nacked = items[tag - first_tag].routing_key
                         errors[tag - first_tag] = PublishError(
                             f"the broker did not confirm the message for {nacked!r}")
-                    by_id = {item.properties.get("message_id"): i for i, item in enumerate(items)}
-                    for _exchange, routing_key, _exc, message_id in self._returned:
-                        index = by_id.get(message_id, -1)
-                        if index >= 0:
-                            errors[index] = self._unroutable(routing_key)
+                    for index in _returned_sends(items, self._returned):
+                        errors[index] = self._unroutable(items[index].routing_key)
         except connection_errors():
             self.close()
             raise
@@ -244,35 +246,77 @@ class Publish:
 
 
 class _ConfirmWindow:
-    """Publisher confirms in flight on one channel: tags published, confirmed, and nacked.
+    """Publisher confirms in flight on one channel: the tags outstanding, and those nacked.
 
     RabbitMQ numbers a confirm channel's publishes 1, 2, ... and confirms
     them with ``basic.ack`` / ``basic.nack``, each possibly ``multiple``
-    (covering every earlier tag too).
+    (covering every earlier tag still outstanding too). The confirms come in
+    no set order: a publish that no queue takes (a topic nobody subscribes
+    to) is confirmed at once, a persistent one on a quorum queue once the
+    queue has it. So the window keeps the set of tags not yet confirmed; the
+    highest tag confirmed says nothing of the earlier ones.
     """
 
     def __init__(self) -> None:
-        self.published = 0
-        self.confirmed = 0
+        self.published = 0  # the last tag handed out
+        self.outstanding: set[int] = set()
         self._nacked: list[int] = []
 
+    def sent(self) -> int:
+        """A publish is on the wire: its tag, outstanding until the broker confirms it."""
+        self.published += 1
+        self.outstanding.add(self.published)
+        return self.published
+
+    def confirmed_in_place(self) -> None:
+        """A publish whose confirm the caller awaited itself (py-amqp's ``basic_publish``)."""
+        self.published += 1
+
     def acked(self, tag: int, multiple: bool) -> None:
-        self.confirmed = max(self.confirmed, int(tag))
+        self._settle(int(tag), multiple)
 
     def nacked(self, tag: int, multiple: bool) -> None:
-        low = self.confirmed + 1 if multiple else int(tag)
-        self._nacked.extend(range(low, int(tag) + 1))
-        self.confirmed = max(self.confirmed, int(tag))
+        self._nacked.extend(self._settle(int(tag), multiple))
+
+    def _settle(self, tag: int, multiple: bool) -> list[int]:
+        """Take the tags a confirm covers off the outstanding set; return them in order."""
+        covered = sorted(t for t in self.outstanding if t <= tag) if multiple else (
+            [tag] if tag in self.outstanding else [])
+        self.outstanding.difference_update(covered)
+        return covered
 
     def await_all(self, channel: Any) -> None:
         from amqp import spec
 
-        while self.confirmed < self.published:
+        while self.outstanding:
             channel.wait([spec.Basic.Ack, spec.Basic.Nack])
 
     def nacks_since(self, first: int) -> list[int]:
-        nacked, self._nacked = [t for t in self._nacked if t >= first], []
+        nacked, self._nacked = sorted(t for t in self._nacked if t >= first), []
         return nacked
+
+
+def _returned_sends(items: list[Publish], returned: list[tuple[str, str, Any, Any]]) -> list[int]:
+    """The index of the send each return came from, by publish order.
+
+    The broker returns messages in the order they were published, so each
+    return belongs to the first send after the previous return's that has its
+    exchange, routing key and message id. The id alone is not enough: two
+    sends of one unit of work may share one (the same message to two queues),
+    and blaming the wrong one would delete the unroutable send's outbox row
+    as sent and relay the routable one again.
+    """
+    found: list[int] = []
+    start = 0
+    for exchange, routing_key, _exc, message_id in returned:
+        for index in range(start, len(items)):
+            item = items[index]
+            if (item.exchange, item.routing_key, item.properties.get("message_id")) == (
+                    exchange, routing_key, message_id):
+                found.append(index)
+                start = index + 1
+                break
+    return found
 
 
 def prepare(channel: Any, body: bytes, properties: dict[str, Any]) -> Any:

@@ -90,6 +90,24 @@ class QueueSession:
         except NotFound:
             return None
 
+    def outstanding(self, queue: str) -> int | None:
+        """Ready plus unacknowledged messages of ``queue`` where the broker can tell, else None."""
+        if not self.broker.capabilities.counts_unacknowledged:
+            return None
+        return int(self._chan.outstanding(queue))
+
+    def expire_due(self) -> bool:
+        """Dead-letter now what TTL queues hold past its time, where this process keeps the broker's
+        clock (the embedded broker); False where the broker keeps its own (RabbitMQ)."""
+        if not self.broker.capabilities.local_file:
+            return False
+        self._chan.expire_due()
+        return True
+
+    def subscribe(self, topic: str, name: str) -> str:
+        """A non-durable subscription queue ``name`` on ``topic`` that lives as long as this session."""
+        return str(self.broker.declare_subscription(self._chan, topic, name, False))
+
     def exists(self, queue: str) -> bool:
         return self.find(queue) is not None
 
@@ -132,7 +150,7 @@ class QueueSession:
         claiming anything; on RabbitMQ the messages are held and handed back
         when this session closes (so browse each queue in a session of its own).
         """
-        if self.broker.is_embedded:
+        if self.broker.capabilities.local_file:
             from .. import embedded
 
             path = self.broker.connection().hostname  # the same file the connection opens

@@ -46,7 +46,8 @@ class Subscription:
     ``exclusive``: the one active subscriber of a durable subscription (a second
     one gets SubscriptionInUse). ``transacted``: the channel is in AMQP
     transaction mode before it consumes, so its publishes and acknowledgments
-    take effect at :meth:`commit`.
+    take effect at :meth:`commit`. ``before_wait``: called before a drain waits for the
+    socket, with every delivery that had arrived handled.
     """
 
     def __init__(
@@ -55,10 +56,11 @@ class Subscription:
         queue: str,
         prefetch: int,
         on_message: Callable[[Delivery], None],
-        declare: Callable[[Any], str],
+        declare: Callable[[Any], str | list[str]],
         *,
         exclusive: bool = False,
         transacted: bool = False,
+        before_wait: Callable[[], None] | None = None,
     ) -> None:
         self.broker = broker
         self.queue = queue
@@ -67,11 +69,13 @@ class Subscription:
         self._declare = declare
         self.exclusive = exclusive
         self.transacted = transacted
+        self.before_wait = before_wait  # called before a drain waits for the socket
         self.conn: kombu.Connection | None = None
         self.channel: Any = None
         self._consumer: kombu.Consumer | None = None
         self._owner: OwnerLock | None = None
         self._beat: Heartbeat | None = None
+        self._closing = False
 
     def open(self) -> None:
         """Connect, declare and start consuming (raises BrokerUnavailable or a connection error)."""
@@ -80,19 +84,21 @@ class Subscription:
         # Bodies stay bytes: py-amqp would decode them by content_encoding, and
         # the pipeline would only encode them again (or fail on a bad encoding).
         self.channel.auto_decode = False
-        self.queue = self._declare(self.channel)
+        declared = self._declare(self.channel)  # several: an ordered port's partitions
+        names = [declared] if isinstance(declared, str) else declared
+        self.queue = names[0]
         self.channel.basic_qos(0, self.prefetch, False)
         if self.transacted:
             self.channel.events["basic_return"].add(self._on_return)
             self.channel.tx_select()
         exclusive = self.exclusive and self.broker.capabilities.exclusive_queues
-        if self.exclusive and self.broker.is_embedded:
+        if self.exclusive and self.broker.capabilities.local_file:
             self._owner = OwnerLock.for_queue(self.broker.embedded_path, self.queue)
             self._owner.acquire()
-        queue = (_ExclusiveQueue if exclusive else kombu.Queue)(self.queue, no_declare=True)
+        kind = _ExclusiveQueue if exclusive else kombu.Queue
         self._consumer = kombu.Consumer(
-            self.channel, queues=[queue], on_message=self._dispatch, auto_declare=False,
-            accept=None,
+            self.channel, queues=[kind(name, no_declare=True) for name in names],
+            on_message=self._dispatch, auto_declare=False, accept=None,
         )
         try:
             self._consumer.consume()
@@ -105,7 +111,18 @@ class Subscription:
         self._beat = Heartbeat.start_for(self.conn, f"consumer of {self.queue}", owner_drains=True)
 
     def _dispatch(self, raw: Any) -> None:
-        """Run the pipeline on one delivery; heartbeats go on from their thread meanwhile."""
+        """Run the pipeline on one delivery; heartbeats go on from their thread meanwhile.
+
+        Not while the subscription closes: py-amqp dispatches what arrives while it waits
+        for the cancel's and the close's answers, and the pipeline has already let go of
+        the channel (its hand-back recorded, what it owed forgotten). A delivery run then
+        could be acknowledged, with ``multiple``, past one whose outcome the lost
+        connection never told the broker, and that message would be gone. Left
+        unacknowledged, the broker requeues it with the channel, as it does every
+        prefetched delivery the consumer never read.
+        """
+        if self._closing:
+            return
         if self._beat is None:
             self.on_message(Delivery(raw))
         else:
@@ -114,6 +131,8 @@ class Subscription:
     def publish(self, *, exchange: str, routing_key: str, body: bytes,
                 properties: dict[str, Any], mandatory: bool) -> None:
         """Publish on the consumer's own channel: with ``transacted``, it leaves at commit()."""
+        if self.broker.partitions:
+            exchange, routing_key = self.broker.keyed(exchange, routing_key, body, properties)
         with self.broker.tracing.publishing(exchange, routing_key, body, properties) as traced:
             self.channel.basic_publish(prepare(self.channel, body, traced), exchange=exchange,
                                        routing_key=routing_key, mandatory=mandatory)
@@ -145,9 +164,11 @@ class Subscription:
         assert conn is not None
         try:  # once per delivery: plain calls, no context manager
             if self._beat is None:
+                if self.before_wait is not None:
+                    self.before_wait()
                 conn.drain_events(timeout=timeout)
             else:
-                self._beat.read(read_until_method, conn.connection, timeout)
+                self._beat.read(read_until_method, conn.connection, timeout, self.before_wait)
         except TimeoutError:  # socket.timeout is TimeoutError
             pass
 
@@ -186,7 +207,9 @@ class Subscription:
                 consumer.cancel()
 
     def close(self) -> None:
-        """Close the connection: the broker requeues whatever is still unacknowledged."""
+        """Close the connection: the broker requeues whatever is still unacknowledged (and what
+        arrives meanwhile is left to that requeue: see :meth:`_dispatch`)."""
+        self._closing = True
         self.cancel()
         beat, self._beat = self._beat, None
         if beat is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from mdbcontainer import BatchContext, Message
 
-from .common import effects, log_attempt
+from .common import effects, log_attempt, wait_at_commit
 
 
 def log_call(port: str, size: int) -> None:
@@ -45,3 +45,7 @@ def perform_batch(port: str, messages: list[Message], ctx: BatchContext, session
             ctx.send(body["to"], {"n": body.get("n"), "action": "ok"}, message_id=f"{message.id}.out")
     if session is not None and rows:
         session.execute(effects.insert(), rows)
+        for message in messages:
+            body = message.body if isinstance(message.body, dict) else {}
+            if (statement := wait_at_commit(body)) is not None:
+                session.execute(statement)

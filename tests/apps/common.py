@@ -1,11 +1,15 @@
 """What the test handlers do, chosen by the body: ``{"n": 1, "action": "ok"}``.
 
 Actions: ok, fail (raise), rollback (set_rollback_only), kill (SIGKILL this
-process), move (ctx.move_to body["to"]), send (ctx.send body["to"]),
+process), move (ctx.move_to body["to"]; with ``"while": FILE``, only while FILE
+exists, else the work alone), send (ctx.send body["to"]),
 constraint (violate a unique key at commit), sleep (body["seconds"]), badsql
 (SQL naming a table that does not exist: a bug in the handler, not a database
 outage), outage (while the file body["flag"] exists, connect to a database
 that refuses: the handler's own database is down, a real OperationalError).
+``"syncwait": PATH`` (the first time, while the file PATH does not exist: it is created)
+makes the transaction's COMMIT wait for a synchronous standby (``SET LOCAL
+synchronous_commit = on``), so a test can end the session while the COMMIT waits.
 With ``"pause": [reached, go]`` the handler first creates the file ``reached``
 and waits for the file ``go`` (so a test can act while it runs).
 An optional ``"fail_first": K`` fails the first K deliveries (redelivery count
@@ -69,6 +73,15 @@ def pause(reached: str, go: str, limit: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def wait_at_commit(body: dict[str, Any]) -> Any | None:
+    """The statement that makes this transaction's COMMIT wait for a standby, once (``syncwait``)."""
+    flag = body.get("syncwait")
+    if not flag or os.path.exists(flag):
+        return None
+    open(flag, "w").close()
+    return text("SET LOCAL synchronous_commit = on")
+
+
 def perform(port: str, message: Message, ctx: MessageContext, session: Any | None) -> None:
     body: dict[str, Any] = message.body if isinstance(message.body, dict) else {"action": "ok"}
     action = body.get("action", "ok")
@@ -87,6 +100,8 @@ def perform(port: str, message: Message, ctx: MessageContext, session: Any | Non
         time.sleep(float(body.get("seconds", 1)))
     if session is not None:
         session.execute(effects.insert().values(port=port, message_id=message.id, n=body.get("n")))
+        if (statement := wait_at_commit(body)) is not None:
+            session.execute(statement)
         if action == "constraint":
             session.execute(unique_keys.insert().values(key="always-the-same"))
         if action == "badsql":
@@ -95,7 +110,7 @@ def perform(port: str, message: Message, ctx: MessageContext, session: Any | Non
         ctx.send(body["to"], {"n": body.get("n"), "action": "ok"}, message_id=f"{message.id}.out")
     if action == "rollback":
         ctx.set_rollback_only()
-    if action == "move":
+    if action == "move" and os.path.exists(body.get("while", os.curdir)):  # "while": a flag file
         ctx.move_to(body["to"], "moved by the handler")
     if body.get("then") == "rollback":
         ctx.set_rollback_only()
@@ -107,7 +122,8 @@ async def perform_async(port: str, message: Message, ctx: MessageContext, sessio
     """:func:`perform` for an async handler: the same actions, awaited on an ``AsyncSession``.
 
     ``block`` runs ``time.sleep`` inside the coroutine (a handler that blocks the event loop);
-    ``sleep`` awaits ``asyncio.sleep``, as a handler waiting on I/O does.
+    ``sleep`` awaits ``asyncio.sleep``, as a handler waiting on I/O does; ``"hold": seconds``
+    awaits after its row is written, its transaction open.
     """
     import asyncio
 
@@ -134,6 +150,8 @@ async def perform_async(port: str, message: Message, ctx: MessageContext, sessio
         time.sleep(float(body.get("seconds", 1.5)))
     if session is not None:
         await session.execute(effects.insert().values(port=port, message_id=message.id, n=body.get("n")))
+        if (statement := wait_at_commit(body)) is not None:
+            await session.execute(statement)
         if action == "constraint":
             await session.execute(unique_keys.insert().values(key="always-the-same"))
         if action == "swallow":  # an error caught inside the transaction: PostgreSQL aborts it
@@ -141,11 +159,13 @@ async def perform_async(port: str, message: Message, ctx: MessageContext, sessio
                 await session.execute(text("INSERT INTO no_such_table (n) VALUES (1)"))
             except Exception:
                 pass
+        if "hold" in body:  # awaits with its row written: SQLite's write lock held across an await
+            await asyncio.sleep(float(body["hold"]))
     if action == "send":
         ctx.send(body["to"], {"n": body.get("n"), "action": "ok"}, message_id=f"{message.id}.out")
     if action == "rollback":
         ctx.set_rollback_only()
-    if action == "move":
+    if action == "move" and os.path.exists(body.get("while", os.curdir)):  # "while": a flag file
         ctx.move_to(body["to"], "moved by the handler")
     if body.get("then") == "fail":
         raise RuntimeError(f"failed after its work {body.get('n')}")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from mdbcontainer.testing import headers_of, mdb, wait_for
-from tests.conftest import ROOT, Backend, one_line_error
+from tests.conftest import ROOT, Backend, mdb_here, on_embedded, one_line_error
 
 
 def async_settings(backend: Backend, port: str = "AsyncWork", queues: dict[str, Any] | None = None,
@@ -77,6 +77,9 @@ def test_poison_counts_backs_out_at_the_threshold_and_the_rest_commit_once(backe
     assert state is not None and state["state"] == "started"
 
 
+# The async pipeline's count and stop; the requeue at the stop is the transport's, the same as for a
+# def handler, and tests/behaviour/test_poison.py checks it on both backends.
+@on_embedded
 def test_maximum_retries_stops_the_async_port_with_the_message_back_on_its_queue(backend: Backend) -> None:
     path, work = async_settings(backend, transaction="container", max_retries=1)
     send(backend, path, work, [{"n": 1, "action": "fail"}])
@@ -142,6 +145,9 @@ def test_graceful_stop_lets_short_handlers_finish_and_hands_back_the_long_one(ba
     assert [a[3] for a in backend.attempts("AsyncWork") if a[1] == "long"] == [0, 0]
 
 
+# The loop watchdog's warning is the container's own; the heartbeat side on RabbitMQ is
+# test_a_handler_blocking_the_loop_past_two_heartbeats_is_warned_about_not_looped.
+@on_embedded
 def test_a_handler_that_blocks_the_loop_is_named_in_a_warning(backend: Backend) -> None:
     path, work = async_settings(backend, transaction="none")
     send(backend, path, work, [{"n": 1, "action": "block", "seconds": 1.6}])
@@ -155,10 +161,13 @@ def test_a_handler_that_blocks_the_loop_is_named_in_a_warning(backend: Backend) 
     assert "WARNING" in line and "tests.apps.asyncwork:work" in line, line
 
 
+# A settings error, refused before any broker or database is reached.
+@on_embedded
 def test_an_explicit_prefetch_below_concurrency_is_a_settings_error(backend: Backend) -> None:
     path, _ = async_settings(backend, concurrency=20, prefetch=5)
-    for command in ("check", "run"):
-        result = mdb(command, "-c", str(path), cwd=ROOT, env=backend.env, timeout=60)
+    for command in ("check", "run"):  # check in this process (no Python start-up), run as a process
+        result = (mdb_here(command, settings=path, env=backend.env) if command == "check"
+                  else mdb(command, "-c", str(path), cwd=ROOT, env=backend.env, timeout=60))
         line = one_line_error(result, 2)
         assert "ports.AsyncWork.prefetch" in line and "concurrency (20)" in line, line
 
@@ -211,6 +220,9 @@ def test_an_async_handler_on_a_batched_port_commits_once_and_a_bad_message_fails
     assert row["fallbacks"] >= 1 and row["batches"] < 29
 
 
+# The outage is the handler's own (a refused PostgreSQL connection while a flag file exists, on
+# either backend): how the async port holds and retries it is the container's, not the transport's.
+@on_embedded
 def test_a_database_outage_in_an_async_handler_is_waited_out_uncounted(backend: Backend) -> None:
     """The handler's database refuses it (a real OperationalError) while a flag file exists: the
     delivery is held and retried with backoff, counted as no failure, then handled once."""
@@ -229,6 +241,8 @@ def test_a_database_outage_in_an_async_handler_is_waited_out_uncounted(backend: 
     assert "database unavailable" in container.output()
 
 
+# The handler_timeout watchdog reads the port's own tasks; no broker or database decides it.
+@on_embedded
 def test_handler_timeout_names_the_oldest_async_call_past_it(backend: Backend) -> None:
     """handler_timeout watches the tasks of an async port: the call still awaiting is named."""
     path, work = async_settings(backend, transaction="none", concurrency=5, handler_timeout="1s")
@@ -239,3 +253,45 @@ def test_handler_timeout_names_the_oldest_async_call_past_it(backend: Backend) -
         assert container.terminate() == 0
     line = next(ln for ln in container.output().splitlines() if "handler stuck" in ln)
     assert "port AsyncWork consumer 0" in line and "message m-0000" in line, line
+
+
+def test_a_message_back_from_its_delay_waits_for_a_transaction_held_across_an_await(
+        embedded: Backend) -> None:
+    """SQLite, the development default: a task holds the write lock across an await while a
+    failed message comes back from its redelivery delay. Its count is written on the loop's
+    thread, so it must wait at the write gate (not on SQLite's lock, blocking the loop that
+    would let the holder commit), and nothing may hang."""
+    work = embedded.q("AWORK")
+    path = embedded.write(ports={"AsyncWork": {"destination": work, "transaction": "container",
+                                               "concurrency": 3, "max_retries": 10}},
+                          queues={work: {"redelivery_delay": "1s"}}, database_timeout="2s")
+    with embedded.container(path) as container:
+        send(embedded, path, work, [{"n": 1, "fail_first": 1}], prefix="late")
+        wait_for(lambda: embedded.attempts("AsyncWork"), timeout=20, what="the first failure")
+        send(embedded, path, work, [{"n": 0, "hold": 5}])  # holds the lock as the other comes back
+        wait_for(lambda: len(embedded.effects("AsyncWork")) == 2, timeout=25,
+                 what=f"both messages handled (a hang?): {container.output()[-3000:]}")
+        assert container.terminate() == 0
+    assert embedded.effects("AsyncWork") == Counter({"m-0000": 1, "late-0000": 1})
+    assert [a[3] for a in embedded.attempts("AsyncWork") if a[1] == "late-0000"] == [0, 1]
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_a_handler_blocking_the_loop_past_two_heartbeats_is_warned_about_not_looped(
+        rabbit: Backend) -> None:
+    """heartbeat = 2s and a 6 s blocking call: the connection lives, the message is handled
+    once (no redelivery uncounted, round and round), and a WARNING names the handler."""
+    work = rabbit.q("ABLOCK")
+    path = rabbit.write(ports={"AsyncWork": {"destination": work, "transaction": "none"}},
+                        queues={work: {}}, heartbeat="2s")
+    send(rabbit, path, work, [{"n": 1, "action": "block", "seconds": 6}])
+    with rabbit.container(path) as container:
+        wait_for(lambda: rabbit.attempts("AsyncWork"), timeout=20, what="the handler to start")
+        time.sleep(12)  # the block, and time for a redelivery, had the connection died
+        output = container.output()
+        assert container.terminate() == 0
+    assert [a[3] for a in rabbit.attempts("AsyncWork")] == [0], output[-3000:]
+    assert rabbit.probe(path).count(work) == 0
+    assert "blocked the event loop" in output
+    assert "broker unavailable" not in output and "the connection is dead" not in output, output[-3000:]

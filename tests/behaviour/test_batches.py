@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mdbcontainer.testing import ContainerProcess, mdb, wait_for
-from tests.conftest import ROOT, Backend
+from tests.conftest import ROOT, Backend, mdb_here, on_embedded
 
 pytestmark = pytest.mark.slow
 
@@ -150,6 +150,9 @@ def test_a_bean_managed_batch_handler_covers_the_batch_in_one_transaction(backen
     assert max(calls(backend, "BatchBean")) == 25
 
 
+# Validation of the bodies against the handler's model happens before any unit of work; the
+# backout's publish is the one test_a_failing_message_rolls_the_batch_back... checks on both.
+@on_embedded
 def test_a_typed_batch_handler_gets_models_and_an_invalid_body_is_backed_out_alone(
     backend: Backend,
 ) -> None:
@@ -196,9 +199,8 @@ def test_batch_settings_that_cannot_work_are_refused_in_one_line(
     try:
         settings = backend.write(ports={port: {"destination": "q", **extra}},
                                  listeners=[f"tests.apps.{port.lower()}"])
-        result = subprocess.run([sys.executable, "-m", "mdbcontainer", "check", "-c", str(settings)],
-                                capture_output=True, text=True, cwd=ROOT, env={**backend.env},
-                                timeout=60)
+        # In this process (no Python start-up per case): the one line of a settings error.
+        result = mdb_here("check", settings=settings, env=backend.env)
     finally:
         backend.close()
     assert result.returncode == 2, result.stdout + result.stderr
@@ -207,6 +209,8 @@ def test_batch_settings_that_cannot_work_are_refused_in_one_line(
     assert "Traceback" not in result.stderr
 
 
+# The figures are the port's own counters served over HTTP; no broker or database decides them.
+@on_embedded
 def test_the_batch_figures_reach_metrics(backend: Backend) -> None:
     queue = backend.q("METRICS")
     settings = backend.write(ports={"BatchWork": {"destination": queue, "batch_size": 10,
@@ -262,6 +266,9 @@ def test_publish_many_confirms_together_and_names_the_one_message_not_routed(
     wait_for(lambda: backend.probe(settings).count(queue) == 300, what="the 300 routed messages")
 
 
+# The outage is the handler's own (a refused PostgreSQL connection while a flag file exists, on
+# either backend): how the batch holds and retries it is the container's, not the transport's.
+@on_embedded
 def test_without_a_transaction_a_handler_database_outage_is_waited_out_uncounted(
     backend: Backend,
 ) -> None:

@@ -9,16 +9,12 @@ screenshots of each page are kept in DIR (docs/console/ holds the README's).
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -31,7 +27,8 @@ from mdbcontainer.state.history import History
 from mdbcontainer.state.store import Store
 from mdbcontainer.testing import mdb, wait_for
 from mdbcontainer.wire.delays import wait_queues
-from tests.conftest import ROOT, Backend, one_line_error
+from tests.behaviour.helpers import console, request
+from tests.conftest import ROOT, Backend, on_embedded, one_line_error
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -45,56 +42,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-@contextmanager
-def console(backend: Backend, settings: Path, bind: str | None = None,
-            env: dict[str, str] | None = None) -> Iterator[str]:
-    """``mdb console`` as a process on ``settings``; yields its base URL, stops it at the end."""
-    bind = bind or f"127.0.0.1:{free_port()}"
-    log = settings.with_name("console.log")
-    command = [sys.executable, "-m", "mdbcontainer", "console", "-c", str(settings), "--bind", bind]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, **backend.env, **(env or {})})
-    port = int(bind.rsplit(":", 1)[1])
-
-    def serving() -> bool:
-        assert proc.poll() is None, f"mdb console exited {proc.returncode}: {log.read_text()}"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
-
-    try:
-        wait_for(serving, 30, 0.1, "mdb console to listen")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def request(base: str, method: str, path: str, body: dict[str, str] | None = None,
-            headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
-    """One plain HTTP request, redirects not followed: status, headers, body."""
-    host, port = base.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    data = urlencode(body) if body is not None else None
-    sent = {**({"Content-Type": "application/x-www-form-urlencoded"} if data else {}), **(headers or {})}
-    conn.request(method, path, body=data, headers=sent)
-    response = conn.getresponse()
-    text = response.read().decode()
-    conn.close()
-    headers: dict[str, str] = {}
-    for key, value in response.getheaders():  # several Set-Cookie headers: kept, comma-separated
-        key = key.lower()
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    return response.status, headers, text
 
 
 def cookies_of(headers: dict[str, str]) -> dict[str, str]:
@@ -357,6 +304,8 @@ def test_backout_queue_page_shows_replays_and_purges_like_mdb_dlq(rabbit: Backen
 # -- Security ---------------------------------------------------------------------------------------
 
 
+# The token check is the console's HTTP layer, whatever the transport behind it.
+@on_embedded
 def test_another_bind_needs_a_token_and_every_request_without_it_is_401(backend: Backend, page: Any,
                                                                         tmp_path: Path) -> None:
     from playwright.sync_api import expect
@@ -398,6 +347,8 @@ def test_another_bind_needs_a_token_and_every_request_without_it_is_401(backend:
         assert token not in page.content()
 
 
+# The CSRF check is the console's HTTP layer, whatever the transport behind it.
+@on_embedded
 def test_an_action_without_the_csrf_token_or_by_get_changes_nothing(backend: Backend) -> None:
     queue = backend.q("IN")
     settings = work_settings(backend, queue)
@@ -439,9 +390,62 @@ def test_an_action_without_the_csrf_token_or_by_get_changes_nothing(backend: Bac
         assert [a.action for a in history(backend, settings)] == ["stop", "stop"]
 
 
+def test_a_page_that_rebinds_its_name_to_loopback_cannot_list_or_purge(rabbit: Backend) -> None:
+    """DNS rebinding: a page the operator visits points its own name at 127.0.0.1 and talks to the
+    console as its own origin. The console answers only the names it is reached by on this machine,
+    and refuses a POST that another site's page sent (its Origin)."""
+    settings = work_settings(rabbit, rabbit.q("IN"))
+    dlq = rabbit.q("DLQ")
+    with rabbit.producer(settings) as producer:
+        producer.send(dlq, {"n": 1}, message_id="kept-1",
+                      headers={"x-mdb-original-destination": rabbit.q("IN")})
+    with console(rabbit, settings) as base:
+        port = base.rsplit(":", 1)[1]
+        status, headers, page_html = request(base, "GET", "/queues")
+        assert status == 200 and "kept-1" in page_html
+        csrf, cookie = csrf_of(page_html), f"mdb_csrf={cookies_of(headers)['mdb_csrf']}"
+        attacker = {"Host": f"rebind.attacker.example:{port}"}
+        for path in ("/", "/queues", "/message?" + urlencode({"queue": dlq, "id": "kept-1"}),
+                     "/history", "/ports/rows"):
+            status, _, text = request(base, "GET", path, headers=attacker)
+            assert status == 400 and "kept-1" not in text and "csrf_token" not in text, (path, status)
+            assert "rebind.attacker.example" in text, "the refusal names the Host it refused"
+        form = {"csrf_token": csrf, "queue": dlq, "confirmed": "yes"}
+        status, _, _ = request(base, "POST", "/queues/purge", form, {**attacker, "Cookie": cookie})
+        assert status == 400, "a purge through the rebound name is refused, token or not"
+        status, _, text = request(base, "POST", "/queues/purge", form,
+                                  {"Cookie": cookie, "Origin": "http://rebind.attacker.example"})
+        assert status == 403 and "Origin" in text, "a POST sent by another site's page is refused"
+        status, _, text = request(base, "POST", "/queues/purge", form,
+                                  {"Cookie": cookie, "Sec-Fetch-Site": "cross-site"})
+        assert status == 403 and "Sec-Fetch-Site" in text
+        assert rabbit.probe(settings).count(dlq) == 1, "nothing was purged"
+        assert history(rabbit, settings) == []
+        for name in ("localhost", "127.0.0.1", "LOCALHOST."):
+            assert request(base, "GET", "/", headers={"Host": f"{name}:{port}"})[0] == 200, name
+        status, _, _ = request(base, "POST", "/queues/purge", form,
+                               {"Cookie": cookie, "Origin": f"http://localhost:{port}",
+                                "Host": f"localhost:{port}"})
+        assert status == 303, "the console's own page may purge"
+    assert rabbit.probe(settings).count(dlq) == 0
+
+
+def test_a_session_cookie_that_is_not_ascii_is_refused_with_401(rabbit: Backend) -> None:
+    settings = work_settings(rabbit, rabbit.q("IN"))
+    port = free_port()
+    with console(rabbit, settings, bind=f"0.0.0.0:{port}", env={"MDB_CONSOLE__TOKEN": "tok-1"}) as base:
+        status, _, body = request(base, "GET", "/", headers={"Cookie": "mdb_session=caf\xe9"})
+        assert status == 401, f"a cookie the console never set is a refusal, not an error: {status}"
+        assert 'type="password"' in body
+        assert request(base, "GET", "/", headers={"Authorization": "Bearer caf\xe9"})[0] == 401
+
+
 # -- History of the CLI's actions ---------------------------------------------------------------
 
 
+# What the CLI writes in the history is the same on either database; the history on PostgreSQL is
+# read back by the page tests above (RabbitMQ + PostgreSQL).
+@on_embedded
 def test_the_cli_records_its_stops_starts_replays_and_purges_in_the_history(backend: Backend) -> None:
     settings = work_settings(backend, backend.q("IN"))
     dlq = backend.q("DLQ")
@@ -459,6 +463,8 @@ def test_the_cli_records_its_stops_starts_replays_and_purges_in_the_history(back
     assert all(a.origin == f"cli on {socket.gethostname()}" for a in actions)
 
 
+# Masking is the console's drawing of the texts, whatever the broker that kept them.
+@on_embedded
 def test_no_password_of_a_url_reaches_a_page(backend: Backend) -> None:
     settings = work_settings(backend, backend.q("IN"))
     dlq = backend.q("DLQ")

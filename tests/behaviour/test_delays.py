@@ -15,17 +15,9 @@ import pytest
 from mdbcontainer.settings import QueueSettings
 from mdbcontainer.testing import mdb, wait_for
 from mdbcontainer.wire.delays import wait_queues
-from tests.conftest import Backend, rabbitmqctl
+from tests.conftest import Backend, delayed_settings, rabbitmqctl
 
 pytestmark = pytest.mark.slow
-
-
-def delayed_settings(backend: Backend, queue: str, port: dict[str, Any] | None = None,
-                     **queue_keys: Any) -> Path:
-    """Settings with port Delayed (tests/apps/delayed.py) on ``queue``; its wait queues are cleaned up."""
-    backend.queues.update(wait_queues(queue, QueueSettings(**queue_keys)))
-    return backend.write(ports={"Delayed": {"destination": queue, "max_retries": 100, **(port or {})}},
-                         queues={queue: queue_keys})
 
 
 def seen(backend: Backend) -> list[dict[str, Any]]:
@@ -125,8 +117,11 @@ def test_waiting_messages_show_in_mdb_ports(backend: Backend) -> None:
         rows = [r for r in json.loads(result.stdout) if r["port"] == "Delayed"]
         return int(rows[0]["waiting"]) if rows else -1
 
-    with backend.container(settings):
-        wait_for(lambda: waiting() == 2, timeout=30, what="two waiting messages in mdb ports --json")
+    with backend.container(settings) as container:
+        # Polled on the port's row (the one mdb ports reads), not an mdb process per poll.
+        wait_for(lambda: (container.port_state("Delayed") or {}).get("waiting") == 2, timeout=30,
+                 what="two waiting messages in the port's row")
+        assert waiting() == 2, "mdb ports --json shows them"
         table = mdb("ports", settings=settings, env={**backend.env, "COLUMNS": "250"})
         header, row = table.stdout.splitlines()[:2]
         end = header.index("waiting") + len("waiting")  # a right-aligned column

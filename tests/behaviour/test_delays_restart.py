@@ -13,9 +13,8 @@ import shutil
 import pytest
 
 from mdbcontainer.testing import wait_for
-from tests.behaviour.test_delays import delayed_settings
 from tests.chaos.faults import restart_broker_app
-from tests.conftest import Backend
+from tests.conftest import Backend, delayed_settings
 
 pytestmark = [pytest.mark.disruptive, pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres]
 

@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 from sqlalchemy import delete
 
+from mdbcontainer.state.history import History
+from mdbcontainer.state.store import Store
 from mdbcontainer.testing import mdb, wait_for, write_settings
 from mdbcontainer.wire.connection import Broker
 from mdbcontainer.wire.publisher import Publisher
-from tests.conftest import Backend, one_line_error
+from tests.conftest import Backend, mdb_here, on_embedded, one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +32,9 @@ BINARY = b"\xff\xfe\x00binary"
 
 
 def listed(backend: Backend, settings: Path, *queue: str) -> list[dict[str, Any]]:
-    result = mdb("dlq", "list", *queue, "--json", settings=settings, env=backend.env)
+    """``mdb dlq list --json`` in this process (polled in loops: no Python start-up per poll); the
+    tests' other ``mdb dlq`` commands run as processes, as a user types them."""
+    result = mdb_here("dlq", "list", *queue, "--json", settings=settings, env=backend.env)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert isinstance(data, list)
@@ -238,6 +242,9 @@ def test_unreachable_broker_fails_in_one_line_without_the_password(
     assert "s3cret" not in result.stderr + result.stdout
 
 
+# The spelling of the option is the CLI's; browsing and purging each broker is checked on both
+# backends by test_list_and_show_browse_without_consuming and test_purge_needs_yes.
+@on_embedded
 def test_every_dlq_command_takes_the_queue_as_queue_option(backend: Backend) -> None:
     """``list`` and ``purge`` took the queue as an argument, ``show`` and ``replay`` as --queue:
     now all take --queue, and the argument still works."""
@@ -274,6 +281,9 @@ def backed_out_by_hand(backend: Backend, settings: Path, dlq: str, count: int,
     return ids
 
 
+# The table's layout and --limit are the CLI's; browsing without consuming on each broker is
+# test_list_and_show_browse_without_consuming's, on both backends.
+@on_embedded
 def test_list_fits_80_columns_and_stops_at_its_limit(backend: Backend) -> None:
     queue, dlq = backend.q("IN"), backend.q("DLQ")
     settings = work_settings(backend, queue)
@@ -298,6 +308,9 @@ def test_list_fits_80_columns_and_stops_at_its_limit(backend: Backend) -> None:
     assert backend.probe(settings).count(dlq) == 5, "every message stays, the unshown too"
 
 
+# Cutting a long body is the CLI's drawing; the body as each broker keeps it is
+# test_show_prints_the_body_as_it_was_sent's, on both backends.
+@on_embedded
 def test_show_cuts_a_big_body_unless_full(backend: Backend) -> None:
     queue, dlq = backend.q("IN"), backend.q("DLQ")
     settings = work_settings(backend, queue)
@@ -362,6 +375,68 @@ def test_a_replay_killed_mid_way_and_run_again_still_applies_a_backed_out_messag
     assert backend.effects() == {"m": 1}
 
 
+def test_a_replay_killed_mid_way_and_run_again_applies_a_moved_message_once_more_not_twice(
+    rabbit: Backend,
+) -> None:
+    """A message the handler moved (``ctx.move_to``) committed its work and dedup row; its replay
+    forgets that row so the copy is handled again. Killed between the confirm and the ack, the
+    replay is run again: the row the first copy committed must absorb the second copy."""
+    queue, dlq = rabbit.q("Q"), rabbit.q("DLQ")
+    flag = rabbit.tmp / "park-it"
+    flag.touch()
+    settings = rabbit.write(ports={"Work": {"destination": queue, "max_retries": 5}})
+    with rabbit.container(settings) as container:
+        with rabbit.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "move", "to": dlq, "while": str(flag)},
+                          message_id="parked")
+        wait_for(lambda: rabbit.probe(settings).count(dlq) == 1, what="the move")
+        assert rabbit.effects() == {"parked": 1}
+        flag.unlink()  # the operator fixed what made the handler park it
+        crashed = mdb("dlq", "replay", "parked", settings=settings,
+                      env={**rabbit.env, "MDB_CRASH_AT": "mid-replay"})
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+        wait_for(lambda: rabbit.effects() == {"parked": 2}, what="the replayed copy applied")
+        result = mdb("dlq", "replay", "parked", settings=settings, env=rabbit.env)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: rabbit.probe(settings).count(dlq) == 0, what="the DLQ empty")
+        wait_for(lambda: (container.port_state("Work") or {}).get("delivered", 0) >= 3
+                 and rabbit.probe(settings).count(queue) == 0, what="the second copy consumed")
+        row = container.port_state("Work") or {}
+    assert rabbit.effects() == {"parked": 2}, "one replay applied the message once, however often run"
+    assert row.get("duplicate_skipped") == 1, row
+
+
+def test_a_replay_that_stops_on_an_error_part_way_is_in_the_history(rabbit: Backend) -> None:
+    """``mdb dlq replay --all`` moves the dead-letter queue's messages, then cannot declare the next
+    backout queue (it exists with other arguments): what was replayed is in the history."""
+    queue, dlq, other = rabbit.q("IN"), rabbit.q("DLQ"), rabbit.q("OTHER-BACKOUT")
+    settings = rabbit.write(ports={"Work": {"destination": queue}},
+                            queues={rabbit.q("ELSE"): {"backout_queue": other}})
+    assert rabbit.settings(settings).backout_queues() == [dlq, other]
+    with rabbit.producer(settings) as producer:
+        for mid in ("r-1", "r-2"):
+            producer.send(dlq, {"n": 1}, message_id=mid, headers={"x-mdb-original-destination": queue})
+    conn = rabbit.probe(settings).broker.connect()
+    try:  # the queue someone made by hand, with arguments the settings do not give it
+        conn.channel().queue_declare(queue=other, durable=True, arguments={"x-max-length": 7})
+    finally:
+        conn.close()
+    line = one_line_error(mdb("dlq", "replay", "--all", settings=settings, env=rabbit.env), 1)
+    assert other in line and "cannot be declared" in line, line
+    assert rabbit.probe(settings).count(queue) == 2, "the first queue's messages were replayed"
+    store = Store(rabbit.settings(settings).container)
+    try:
+        actions = History(store).newest()
+    finally:
+        store.dispose()
+    assert [(a.action, a.detail.split(";")[0]) for a in actions] == [
+        ("replay", "replayed 2 message(s) (all)")], actions
+    assert other in actions[0].detail, "the history says where it stopped"
+
+
+# The warning reads the backout reasons in the headers; replaying on each broker is
+# test_replay_resets_the_redelivery_count_and_keeps_the_rest_in_order's, on both backends.
+@on_embedded
 def test_replay_warns_that_invalid_bodies_come_straight_back(backend: Backend) -> None:
     """An invalid body replayed as it is fails validation again: the replay says which ones."""
     queue, dlq = backend.q("IN"), backend.q("DLQ")
@@ -392,10 +467,10 @@ def test_show_prints_the_body_as_it_was_sent(backend: Backend) -> None:
 
 def test_list_shows_the_exception_line_whole() -> None:
     """The table's second line carries the exception; it is not cut to a fixed 72 characters."""
-    from mdbcontainer.operations.dlq import DeadLetter
+    from mdbcontainer.operations.dlq import BackedOutMessage
 
     last = "InvalidBody: amount: Input should be a valid number, unable to parse string as a number " \
            "[type=float_parsing, input_value='lots', input_type=str]"
-    letter = DeadLetter(queue="DLQ", id="bad-1", headers={"x-mdb-exception": f"Traceback ...\n{last}"},
+    letter = BackedOutMessage(queue="DLQ", id="bad-1", headers={"x-mdb-exception": f"Traceback ...\n{last}"},
                         properties={}, body=b"{}", content_type="application/json")
     assert letter.summary() == last

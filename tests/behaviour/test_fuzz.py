@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import kombu
@@ -23,7 +22,7 @@ from mdbcontainer.handlers.registry import Invoker, import_listeners
 from mdbcontainer.message import MAX_JSON_DEPTH, InvalidBody
 from mdbcontainer.testing import wait_for
 from mdbcontainer.wire.delivery import Delivery, envelope
-from tests.conftest import Backend
+from tests.conftest import Backend, RawMessage
 
 ACCEPT = ["application/json", "text/plain"]
 MAX_BYTES = 4096
@@ -43,18 +42,6 @@ bodies = st.one_of(
                  max_leaves=20).map(lambda v: json.dumps(v).encode()),
 )
 header_values = st.one_of(st.text(max_size=20), st.integers(-(2**31), 2**31 - 1), st.booleans(), st.none())
-
-
-@dataclass
-class RawMessage:
-    """The attributes of a kombu message the decode path reads (no ack: decoding never settles)."""
-
-    body: bytes
-    content_type: str
-    headers: dict[str, Any] = field(default_factory=dict)
-    properties: dict[str, Any] = field(default_factory=dict)
-    delivery_info: dict[str, Any] = field(default_factory=dict)
-    content_encoding: str | None = None
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

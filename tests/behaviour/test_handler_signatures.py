@@ -16,7 +16,7 @@ import pytest
 from mdbcontainer.sending.producer import Producer
 from mdbcontainer.settings import load_settings
 from mdbcontainer.testing import ContainerProcess, QueueProbe, mdb, wait_for, write_settings
-from tests.conftest import one_line_error
+from tests.conftest import mdb_here, one_line_error
 
 HEADER = """
 from pydantic import BaseModel
@@ -69,7 +69,8 @@ def test_an_async_handler_the_container_cannot_await_is_refused_naming_it(
     settings = listener(tmp_path, f"sig_{case}", handler, batch=batch)
     with Producer.from_settings(load_settings(settings, environ={})) as producer:
         producer.send("SIG", {"order_id": 1})
-    result = mdb(command, "-c", str(settings), cwd=tmp_path, timeout=60)
+    result = (mdb_here(command, settings=settings, cwd=tmp_path) if command == "check"  # no start-up
+              else mdb(command, "-c", str(settings), cwd=tmp_path, timeout=60))
     line = one_line_error(result, 2)
     assert f"sig_{case}:handler" in line and problem in line, line
     assert QueueProbe(load_settings(settings, environ={})).count("SIG") == 1  # nothing acked
@@ -101,7 +102,7 @@ def test_an_async_handler_is_awaited_not_acknowledged_unprocessed(tmp_path: Path
 def test_check_refuses_a_handler_it_cannot_call_naming_it(tmp_path: Path, case: str) -> None:
     handler, problem = BAD[case]
     settings = listener(tmp_path, f"sig_{case}", handler, batch=case.startswith("batch"))
-    result = mdb("check", "-c", str(settings), cwd=tmp_path)
+    result = mdb_here("check", settings=settings, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     line = one_line_error(result)
     assert f"sig_{case}:handler" in line and problem in line, line
@@ -126,7 +127,7 @@ def test_the_two_callable_forms_and_a_batch_handler_pass_check(tmp_path: Path) -
         ("sig_batch", "def handler(orders: list[Order], ctx: MessageContext) -> None: ...", True),
     ):
         settings = listener(tmp_path, module, handler, batch)
-        result = mdb("check", "-c", str(settings), cwd=tmp_path)
+        result = mdb_here("check", settings=settings, cwd=tmp_path)
         assert result.returncode == 0, (module, result.stderr)
 
 

@@ -11,7 +11,7 @@ import pytest
 from mdbcontainer import Message, RequestTimeout
 from mdbcontainer.testing import mdb, wait_for
 from tests.apps.jms import records
-from tests.conftest import Backend, jms_settings
+from tests.conftest import Backend, jms_settings, on_embedded
 
 pytestmark = pytest.mark.slow
 
@@ -79,6 +79,8 @@ def test_a_late_reply_is_dropped_with_the_temporary_queue(backend: Backend) -> N
     assert (state["state"], state["failed"]) == ("started", 0), "a reply nobody waits for is no failure"
 
 
+# The refusal comes before anything is sent: the unit of work's rule, whatever the transport.
+@on_embedded
 @pytest.mark.parametrize("port", [{"transaction": "bean"}, {"transaction": "container"}])
 def test_a_request_inside_a_unit_of_work_is_refused_with_the_reason(
     backend: Backend, port: dict[str, Any]

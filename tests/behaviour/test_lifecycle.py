@@ -11,11 +11,13 @@ import pytest
 from sqlalchemy import text
 
 from mdbcontainer.testing import ContainerProcess, mdb, wait_for
-from tests.conftest import RABBITMQ_URL, ROOT, Backend, rabbitmqctl
+from tests.conftest import RABBITMQ_URL, ROOT, Backend, on_embedded, rabbitmqctl
 
 pytestmark = pytest.mark.slow
 
 
+# The stack dump is the process's own signal handler; no broker or database takes part.
+@on_embedded
 def test_sigusr1_prints_every_threads_stack_and_the_container_runs_on(backend: Backend) -> None:
     """What an operator sends to see where a stop or a handler hangs (README: Shutdown)."""
     queue = backend.q("Q")
@@ -39,30 +41,33 @@ def test_sigusr1_prints_every_threads_stack_and_the_container_runs_on(backend: B
         assert container.terminate() == 0
 
 
-def test_sigterm_mid_stream_loses_nothing_and_exits_0(backend: Backend) -> None:
-    queue = backend.q("STREAM")
-    settings = backend.write(
+def test_sigterm_mid_stream_loses_nothing_and_exits_0(transport: Backend) -> None:
+    queue = transport.q("STREAM")
+    settings = transport.write(
         ports={"Work": {"destination": queue, "concurrency": 2, "prefetch": 20}},
     )
     ids = [f"m{i}" for i in range(200)]
-    with backend.producer(settings) as producer:
+    with transport.producer(settings) as producer:
         for n, mid in enumerate(ids):
             producer.send(queue, {"n": n, "action": "sleep", "seconds": 0.05}, message_id=mid)
-    container = backend.container(settings).start()
-    wait_for(lambda: len(backend.effects()) >= 20, what="some messages handled")
+    container = transport.container(settings).start()
+    wait_for(lambda: len(transport.effects()) >= 20, what="some messages handled")
     assert container.terminate() == 0
-    handled_before = sum(backend.effects().values())
+    handled_before = sum(transport.effects().values())
     assert handled_before < len(ids), "stopped mid-stream"
     assert "container shutting down" in container.output()
-    with backend.container(settings):
-        wait_for(lambda: len(backend.effects()) == len(ids), timeout=60, what="every message")
-    assert set(backend.effects()) == set(ids)
-    assert set(backend.effects().values()) == {1}, "each applied once"
-    assert backend.probe(settings).count(backend.q("DLQ")) == 0
-    handed_back = [a for a in backend.attempts() if a[3] > 0]
+    with transport.container(settings):
+        wait_for(lambda: len(transport.effects()) == len(ids), timeout=60, what="every message")
+    assert set(transport.effects()) == set(ids)
+    assert set(transport.effects().values()) == {1}, "each applied once"
+    assert transport.probe(settings).count(transport.q("DLQ")) == 0
+    handed_back = [a for a in transport.attempts() if a[3] > 0]
     assert not handed_back, "a graceful stop does not count handed-back messages as failures"
 
 
+# The order of the shutdown's log lines is the port's; what a stop hands back to each broker is
+# test_sigterm_mid_stream_loses_nothing_and_exits_0's, on both backends.
+@on_embedded
 def test_shutdown_says_it_waits_for_a_running_handler_before_the_port_stops(
     backend: Backend,
 ) -> None:
@@ -173,6 +178,8 @@ def test_port_stop_and_start_act_on_every_replica(backend: Backend) -> None:
                      what="started again")
 
 
+# ``--port`` picks what the container starts, whatever the transport.
+@on_embedded
 def test_run_only_named_ports(backend: Backend) -> None:
     work, bean = backend.q("W"), backend.q("B")
     settings = backend.write(ports={"Work": {"destination": work}, "Bean": {"destination": bean}})
@@ -180,6 +187,8 @@ def test_run_only_named_ports(backend: Backend) -> None:
         assert [r["port"] for r in container.rows()] == ["Bean"]
 
 
+# The broker is an AMQP address nobody listens on, whatever the backend: one run says it all.
+@on_embedded
 def test_broker_unreachable_at_start_is_retried_with_a_visible_log_line(backend: Backend) -> None:
     queue = backend.q("LATE")
     settings = backend.write(ports={"Work": {"destination": queue}},
@@ -195,6 +204,8 @@ def test_broker_unreachable_at_start_is_retried_with_a_visible_log_line(backend:
         container.kill()
 
 
+# The database is a PostgreSQL address nobody listens on, whatever the backend: one run says it all.
+@on_embedded
 def test_database_unreachable_at_start_is_retried_and_cli_says_so_in_one_line(backend: Backend) -> None:
     settings = backend.write(ports={"Work": {"destination": backend.q("NODB")}},
                              database_url="postgresql+psycopg://postgres:pw@127.0.0.1:1/test")
@@ -212,6 +223,8 @@ def test_database_unreachable_at_start_is_retried_and_cli_says_so_in_one_line(ba
     assert len(result.stderr.strip().splitlines()) == 1 and ":pw@" not in result.stderr
 
 
+# The bean's setup and teardown are the handler registry's; no broker or database decides them.
+@on_embedded
 def test_a_bean_that_raised_is_discarded_and_replaced(backend: Backend) -> None:
     queue = backend.q("BEANS")
     settings = backend.write(ports={"Lifecycle": {"destination": queue, "prefetch": 1}},
@@ -262,6 +275,9 @@ def test_a_login_refused_while_running_is_an_outage_not_a_port_failure(rabbit: B
     assert rows == [], "no fleet-wide stop was written"
 
 
+# The pending start request is the control loop's (the port's row is written alike on both
+# databases, test_port_stop_and_start_act_on_every_replica runs on both).
+@on_embedded
 def test_port_start_while_a_stopped_port_still_finishes_a_long_delivery(backend: Backend) -> None:
     """``mdb port start NAME`` starts a stopped port again. A request made while
     another consumer still finishes a long delivery (over the control loop's 5 s join) must

@@ -16,51 +16,25 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from mdbcontainer.sending.producer import Outgoing, outgoing
 from mdbcontainer.support.logs import JsonFormatter, MaskingFilter, TextFormatter
 from mdbcontainer.testing import ContainerProcess, mdb, wait_for
+from tests.behaviour.helpers import free_port, get, scrape
 from tests.chaos.faults import disruptive_lock
-from tests.conftest import ROOT, Backend, rabbitmqctl
+from tests.conftest import ROOT, Backend, on_embedded, rabbitmqctl
 
 pytestmark = pytest.mark.slow
 
 OUTCOMES = ("handled", "failed", "backed_out", "duplicate_skipped", "expired", "invalid_body")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
     status, body = get(port, path)
     return status, json.loads(body)
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of /metrics as {(name, sorted labels): value}."""
-    status, text = get(port, "/metrics")
-    assert status == 200
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text) for s in family.samples
-    }
 
 
 def deliveries(samples: dict[Any, float], port: str) -> dict[str, float]:
@@ -84,6 +58,9 @@ def foreign_body(queue: str, message_id: str) -> Outgoing:
 # -- /metrics -------------------------------------------------------------------------------
 
 
+# The figures are the port's own counters served over HTTP; the outcomes they count are checked on
+# both backends where the broker or the database decides them (tests/behaviour/test_poison.py...).
+@on_embedded
 def test_metrics_count_every_outcome_and_show_idle_ports_at_zero(backend: Backend) -> None:
     queue, idle = backend.q("ORDERS"), backend.q("IDLE")
     port = free_port()
@@ -120,6 +97,8 @@ def test_metrics_count_every_outcome_and_show_idle_ports_at_zero(backend: Backen
     assert samples[("mdb_dedup_rows_purged_total", ())] == 0
 
 
+# The gauges are the port's own figures served over HTTP; no broker or database decides them.
+@on_embedded
 def test_gauges_show_a_delivery_in_flight_and_consecutive_failures(backend: Backend) -> None:
     queue = backend.q("SLOW")
     port = free_port()
@@ -140,6 +119,8 @@ def test_gauges_show_a_delivery_in_flight_and_consecutive_failures(backend: Back
 # -- /healthz and /readyz -----------------------------------------------------------------------
 
 
+# /readyz reads the ports' states in the process; the states themselves are checked on both backends.
+@on_embedded
 def test_readyz_follows_the_ports_and_healthz_stays_up(backend: Backend) -> None:
     queue = backend.q("ORDERS")
     port = free_port()
@@ -175,6 +156,8 @@ def test_dedup_purge_speaks_json_for_scripts(backend: Backend) -> None:
     assert json.loads(result.stdout) == {"removed": 0, "older_than": "1d"}
 
 
+# A local HTTP port taken: refused the same way whatever the transport.
+@on_embedded
 def test_a_taken_metrics_port_is_one_line_naming_the_setting(backend: Backend) -> None:
     queue = backend.q("ORDERS")
     with socket.socket() as taken:
@@ -233,6 +216,9 @@ def amqp_accepts() -> bool:
 # -- logs -----------------------------------------------------------------------------------
 
 
+# The log lines' shape is the formatter's; the failures and the backout they report are the same
+# pipeline steps on both transports (tests/behaviour/test_poison.py runs those on both).
+@on_embedded
 def test_json_logs_carry_the_facts_of_failures_backouts_and_state_changes(backend: Backend) -> None:
     queue = backend.q("ORDERS")
     settings = backend.write(ports={"Work": {"destination": queue, "max_retries": 2, "prefetch": 1}},
@@ -260,6 +246,8 @@ def test_json_logs_carry_the_facts_of_failures_backouts_and_state_changes(backen
     assert not [e for e in lines if "ok-" in e["message"]], "nothing per successful message"
 
 
+# The log lines' shape is the formatter's, whatever the transport.
+@on_embedded
 def test_text_logs_say_port_message_count_and_duration(backend: Backend) -> None:
     queue = backend.q("ORDERS")
     settings = backend.write(ports={"Work": {"destination": queue}}, queues={queue: {}})
@@ -310,6 +298,9 @@ def test_no_secret_reaches_a_log_line(formatter: logging.Formatter) -> None:
 # -- mdb ports --watch ----------------------------------------------------------------------------
 
 
+# The drawing is the CLI's; the queue depths it shows come through the wire's queue status, which
+# QueueProbe.count reads on both backends in every behaviour test.
+@on_embedded
 def test_watch_draws_states_rates_failures_and_backlog(backend: Backend) -> None:
     queue, other = backend.q("ORDERS"), backend.q("AUDIT")
     settings = backend.write(
@@ -340,16 +331,26 @@ def test_watch_draws_states_rates_failures_and_backlog(backend: Backend) -> None
     assert f"backout queues: {backend.q('DLQ')} 0" in out
 
 
+# Ctrl-C and the option check are the CLI's, whatever the transport.
+@on_embedded
 def test_watch_exits_0_on_ctrl_c_and_refuses_json(backend: Backend) -> None:
     settings = backend.write(ports={"Work": {"destination": backend.q("Q")}})
+    # Started with SIGINT ignored, as a non-interactive shell starts a background job (and as some
+    # test workers pass it on): the watch must hear Ctrl-C all the same.
     watcher = subprocess.Popen(
         [sys.executable, "-m", "mdbcontainer", "ports", "--watch", "-c", str(settings)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, **backend.env},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
-    time.sleep(8)  # importing and the first sample take a few seconds on a loaded machine
-    watcher.send_signal(signal.SIGINT)
-    out, err = watcher.communicate(timeout=20)
+    try:
+        time.sleep(8)  # importing and the first sample take a few seconds on a loaded machine
+        watcher.send_signal(signal.SIGINT)
+        out, err = watcher.communicate(timeout=20)
+    finally:
+        if watcher.poll() is None:  # not left running into the next test
+            watcher.kill()
+            watcher.communicate()
     assert watcher.returncode == 0, err
     assert "no running containers" in out
     result = mdb("ports", "--watch", "--json", settings=settings, env=backend.env)
@@ -419,6 +420,9 @@ def test_readiness_counts_ports_stopped_as_configured_as_ready() -> None:
 # -- mdb ports: the table says what --json says ------------------------------------------------------
 
 
+# The table and --json are drawn from the same rows on either database; dedup itself runs on both
+# backends in tests/behaviour/test_once_only.py.
+@on_embedded
 def test_ports_table_agrees_with_json_and_shows_a_skipped_duplicate(backend: Backend) -> None:
     queue = backend.q("ORDERS")
     settings = backend.write(ports={"Work": {"destination": queue, "accept": ["application/json"]}})
@@ -438,7 +442,8 @@ def test_ports_table_agrees_with_json_and_shows_a_skipped_duplicate(backend: Bac
         log = container.output()
     assert (row["handled"], row["duplicate_skipped"], row["backed_out"], row["invalid_body"]) == (1, 1, 0, 1)
 
-    header, line = wide.stdout.splitlines()
+    header, line, outbox = wide.stdout.splitlines()  # the table, then the outbox's line
+    assert outbox == "outbox: no sends waiting", wide.stdout
     columns = ["delivered", "handled", "duplicate", "failed", "backed out", "invalid body", "expired"]
     fields = ["delivered", "handled", "duplicate_skipped", "failed", "backed_out", "invalid_body",
               "expired"]
@@ -489,6 +494,8 @@ def test_forty_consumers_holding_their_sessions_at_once_never_wait_on_the_pool(r
 # -- handler_timeout: a hung handler is seen ---------------------------------------------------
 
 
+# The handler_timeout watchdog and /healthz are the process's own; no broker or database decides them.
+@on_embedded
 def test_a_handler_past_handler_timeout_fails_healthz_shows_stuck_and_warns_once(
         backend: Backend) -> None:
     queue = backend.q("HUNG")

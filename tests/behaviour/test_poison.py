@@ -99,20 +99,20 @@ def test_threshold_zero_loops_until_the_port_stops_and_the_message_stays(backend
     assert backend.probe(settings).count(backend.q("DLQ")) == 0
 
 
-def test_figure_two_csinput_queue_threshold_one_moves_after_first_rollback(backend: Backend) -> None:
-    queue = backend.q("CSINPUT_QUEUE")
-    dlq = backend.q("SYSTEM.DEAD.LETTER.QUEUE")
-    settings = backend.write(
+def test_figure_two_csinput_queue_threshold_one_moves_after_first_rollback(transport: Backend) -> None:
+    queue = transport.q("CSINPUT_QUEUE")
+    dlq = transport.q("SYSTEM.DEAD.LETTER.QUEUE")
+    settings = transport.write(
         ports={"Work": {"destination": queue, "max_retries": 5}},
         queues={queue: {"backout_threshold": 1, "backout_queue": dlq}},
     )
-    send_all(backend, settings, queue, [("m1", {"n": 1, "action": "rollback"})])
-    with backend.container(settings) as container:
-        wait_for(lambda: backend.probe(settings).count(dlq) == 1, what="backout")
+    send_all(transport, settings, queue, [("m1", {"n": 1, "action": "rollback"})])
+    with transport.container(settings) as container:
+        wait_for(lambda: transport.probe(settings).count(dlq) == 1, what="backout")
         assert container.port_state("Work")["state"] == "started"
-    assert len(backend.attempts()) == 1
-    assert backend.effects() == {}, "the rolled-back work is not committed"
-    moved = backend.probe(settings).take_all(dlq)[0]
+    assert len(transport.attempts()) == 1
+    assert transport.effects() == {}, "the rolled-back work is not committed"
+    moved = transport.probe(settings).take_all(dlq)[0]
     assert headers_of(moved)["x-mdb-redelivery-count"] == 1
     assert "set_rollback_only" in headers_of(moved)["x-mdb-exception"]
 

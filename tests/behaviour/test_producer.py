@@ -44,12 +44,12 @@ def test_send_to_a_queue_nobody_named_exits_1_naming_it_and_creates_nothing(back
     assert not queue_exists(backend.settings(path), typo)
 
 
-def test_producer_send_to_a_missing_queue_raises_unroutable(backend: Backend) -> None:
-    typo = backend.q("MISSING")
-    path = backend.write(ports={"Work": {"destination": backend.q("WORK")}})
-    with backend.producer(path) as producer, pytest.raises(Unroutable, match=typo):
+def test_producer_send_to_a_missing_queue_raises_unroutable(transport: Backend) -> None:
+    typo = transport.q("MISSING")
+    path = transport.write(ports={"Work": {"destination": transport.q("WORK")}})
+    with transport.producer(path) as producer, pytest.raises(Unroutable, match=typo):
         producer.send(typo, {"a": 1})
-    assert not queue_exists(backend.settings(path), typo)
+    assert not queue_exists(transport.settings(path), typo)
 
 
 def test_a_queue_the_settings_name_is_declared_by_the_first_send(backend: Backend) -> None:

@@ -17,6 +17,7 @@ from mdbcontainer.settings import settings_from_dict
 from mdbcontainer.state.counts import CRASHED, DeliveryCounter
 from mdbcontainer.state.store import Store, utcnow
 from mdbcontainer.testing import wait_for
+from tests.behaviour.helpers import consumer_connection, table
 from tests.conftest import Backend, rabbitmqctl
 
 pytestmark = pytest.mark.slow
@@ -82,19 +83,6 @@ def test_invalid_bodies_are_backed_out_at_once_without_touching_the_port(backend
     assert "order_id" in dead["bad-type"]["x-mdb-exception"]
     assert dead["bad-type"]["x-mdb-redelivery-count"] == 0
     assert dead["text-for-a-model"]["x-mdb-backout-reason"] == "invalid-body"
-
-
-def table(*args: str) -> list[list[str]]:
-    """The rows of a ``rabbitmqctl list_*`` command, one list of columns each."""
-    out = rabbitmqctl(*args, "--quiet", "--no-table-headers", timeout=30)
-    return [line.split("\t") for line in out.splitlines() if "\t" in line]
-
-
-def consumer_connection(queue: str) -> str:
-    """The process id of the one broker connection consuming ``queue`` (``rabbitmqctl close_connection``)."""
-    [channel] = [row[1] for row in table("list_consumers", "queue_name", "channel_pid") if row[0] == queue]
-    [connection] = [row[1] for row in table("list_channels", "pid", "connection") if row[0] == channel]
-    return connection
 
 
 def unsettled(queue: str) -> int:
@@ -236,3 +224,111 @@ def test_an_unclosed_delivery_counts_only_when_a_lease_of_its_queue_shows_a_deat
         assert counter.open("q", "killer").count == 1, "a lease of this pid's earlier life"
     finally:
         store.engine.dispose()
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_an_old_crash_on_the_queue_does_not_charge_a_later_live_loss(rabbit: Backend) -> None:
+    """An idle container of the queue is SIGKILLed (its lease stays open, its holder gone); later
+    an operator closes the connection of a living async container holding twenty: what that
+    consumer had seen (the task, the waiting line) goes back uncounted, none as a crash."""
+    queue = rabbit.q("OLDCRASH")
+    settings = rabbit.write(
+        ports={"AsyncWork": {"destination": queue, "transaction": "container", "prefetch": 20,
+                             "max_retries": 50}},
+        queues={queue: {"backout_threshold": 1}}, heartbeat="5s")
+    with rabbit.container(settings, log_path=rabbit.tmp / "idle.log") as idle:
+        wait_for(lambda: (idle.port_state("AsyncWork") or {}).get("state") == "started",
+                 what="the idle container consuming")
+        idle.kill()
+    reached, go = rabbit.tmp / "reached", rabbit.tmp / "go"
+    with rabbit.producer(settings) as producer:  # the first waits in its handler, the rest in line
+        producer.send(queue, {"n": 0, "pause": [str(reached), str(go)]}, message_id="m-0")
+        for n in range(1, 20):
+            producer.send(queue, {"n": n}, message_id=f"m-{n}")
+    with rabbit.container(settings) as living:
+        wait_for(reached.exists, 20, what="the first delivery in its handler")
+        rabbitmqctl("close_connection", consumer_connection(queue), "closed by a test operator")
+        wait_for(lambda: "broker connection restored" in living.output(), 20, what="the reconnect")
+        go.touch()
+        probe = rabbit.probe(settings)
+        wait_for(lambda: len(rabbit.effects()) + probe.count(rabbit.q("DLQ")) == 20, 60,
+                 what="every message handled or backed out")
+        wait_for(lambda: unsettled(queue) == 0, 30, interval=0.5, what="the redelivered copies settled")
+        output = living.output()
+    assert "broker unavailable" in output, output
+    assert not probe.exists(rabbit.q("DLQ")) or probe.count(rabbit.q("DLQ")) == 0, \
+        "a live loss was charged as a crash: " + output[-3000:]
+    assert set(rabbit.effects().values()) == {1}
+    assert all(a[3] == 0 for a in rabbit.attempts()), "a redelivery counted a failed delivery"
+
+
+def test_two_non_durable_subscriptions_count_their_copies_apart(embedded: Backend) -> None:
+    """Two ports subscribe to one topic without a durable subscription; both copies of a poison
+    message fail. Each port counts its own copy: delivered five times, then backed out."""
+    topic = embedded.q("NEWS")
+    settings = embedded.write(
+        ports={"Work": {"topic": topic, "transaction": "none", "max_retries": 50},
+               "Downstream": {"topic": topic, "max_retries": 50}},
+        topics={topic: {}})
+    with embedded.container(settings) as container:
+        wait_for(lambda: all((container.port_state(p) or {}).get("state") == "started"
+                             for p in ("Work", "Downstream")), what="both ports subscribed")
+        with embedded.producer(settings) as producer:
+            producer.send(topic, {"n": 1, "action": "fail"}, message_id="poison")
+        wait_for(lambda: embedded.probe(settings).count(embedded.q("DLQ")) == 2, 30,
+                 what="both copies backed out")
+    for port in ("Work", "Downstream"):
+        assert [a[3] for a in embedded.attempts(port)] == [0, 1, 2, 3, 4], (port, embedded.attempts())
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_what_the_broker_dead_letters_from_a_quorum_queue_lands_in_its_backout_queue(
+        rabbit: Backend) -> None:
+    """The broker's delivery limit (2, by a policy on this test's queue only; RabbitMQ 4 sets 20
+    on every quorum queue) ends a message before the backout threshold (5): the broker's
+    dead-lettering takes it to the backout queue, with its reason, instead of dropping it."""
+    queue = rabbit.q("QLIMIT")
+    policy = f"mdb-test-{rabbit.tag}"
+    settings = rabbit.write(
+        ports={"Work": {"destination": queue, "max_retries": 10}},
+        queues={queue: {"quorum": True, "backout_threshold": 5}})
+    rabbitmqctl("set_policy", "--apply-to", "queues", policy, f"^{queue}$", '{"delivery-limit": 2}')
+    try:
+        with rabbit.producer(settings) as producer:
+            producer.send(queue, {"n": 1, "action": "fail"}, message_id="poison")
+        with rabbit.container(settings):
+            wait_for(lambda: rabbit.probe(settings).count(rabbit.q("DLQ")) == 1, 30,
+                     what="the message the broker gave up on, in the backout queue")
+    finally:
+        rabbitmqctl("clear_policy", policy)
+    [dead] = rabbit.probe(settings).take_all(rabbit.q("DLQ"))
+    assert dead.properties["message_id"] == "poison"
+    [death] = dict(dead.headers)["x-death"]
+    assert death["reason"] == "delivery_limit" and death["queue"] == queue, death
+    assert rabbit.probe(settings).count(queue) == 0
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.postgres
+def test_a_quorum_queue_declared_before_its_dead_lettering_still_consumes_with_a_warning(
+        rabbit: Backend) -> None:
+    """A quorum queue an earlier version declared (no dead-letter arguments): the broker refuses
+    a declare with other arguments, so the container keeps the queue's and says how to add it."""
+    import kombu
+
+    from tests.conftest import RABBITMQ_URL
+
+    queue = rabbit.q("QOLD")
+    with kombu.Connection(RABBITMQ_URL) as conn:
+        conn.channel().queue_declare(queue=queue, durable=True, auto_delete=False,
+                                     arguments={"x-queue-type": "quorum"})
+    settings = rabbit.write(ports={"Work": {"destination": queue, "max_retries": 5}},
+                            queues={queue: {"quorum": True}})
+    with rabbit.producer(settings) as producer:
+        producer.send(queue, {"n": 1}, message_id="ok")
+    with rabbit.container(settings) as container:
+        wait_for(lambda: "ok" in rabbit.effects(), 30, what="the message handled")
+        output = container.output()
+    assert f"quorum queue '{queue}' was declared without dead-lettering" in output, output

@@ -25,6 +25,9 @@ SHOWN = {
     "async_quotes": ["50 at a time", "200 quotes stored, each exactly once"],
     "batch_orders": ["not 200 commits", "1 fallbacks", "backout queue: ['order-bad']",
                      "230 orders stored, each exactly once"],
+    "web_orders": ["20 orders placed (201)", "20 orders confirmed by the port, each once",
+                   "POST /orders {order_id: 99, amount: -5}: 422", "no event for order 99 ever left",
+                   "outbox: no sends waiting"],
 }
 
 

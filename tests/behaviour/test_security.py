@@ -10,7 +10,7 @@ import kombu
 import pytest
 
 from mdbcontainer.testing import mdb, wait_for
-from tests.conftest import Backend, require
+from tests.conftest import Backend, mdb_here, one_line_error, require
 
 pytestmark = pytest.mark.slow
 
@@ -122,6 +122,33 @@ def test_passwords_never_appear_in_any_output(rabbit: Backend) -> None:
     assert RABBIT_PASSWORD not in everything
     assert PG_PASSWORD not in everything
     assert f"{RABBIT_USER}:***@" in everything
+
+
+def test_a_password_with_a_slash_or_an_at_sign_never_shows_and_a_misread_url_is_a_settings_error(
+    rabbit: Backend,
+) -> None:
+    """``/`` in a database password is a URL SQLAlchemy reads as meant: it connects, and the password
+    is masked. ``/`` in a broker password, ``@`` in a database one: no client would read the URL as
+    meant, so ``mdb check`` says how to write it (exit 2), and neither shows the password."""
+    ports = {"Work": {"destination": rabbit.q("IN"), "max_retries": 5}}
+    slash = rabbit.write(ports=ports,
+                         database_url="postgresql+psycopg://postgres:s3/cr3t-pg@127.0.0.1:5432/test")
+    result = mdb_here("check", settings=slash, env=rabbit.env)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "postgresql+psycopg://postgres:***@127.0.0.1:5432/test" in out
+    assert "cr3t" not in out
+
+    broker = rabbit.write("broker.toml", ports=ports, broker_url="amqp://guest:s3/cr3t-mq@127.0.0.1:5672//")
+    line = one_line_error(mdb_here("check", settings=broker, env=rabbit.env), 2)
+    assert "container.broker_url" in line and "%2F" in line and "guest:***@127.0.0.1" in line, line
+    assert "cr3t" not in line
+
+    at = rabbit.write("at.toml", ports=ports,
+                      database_url="postgresql+psycopg://postgres:pa@ss-w0rd@127.0.0.1:5432/test")
+    line = one_line_error(mdb_here("check", settings=at, env=rabbit.env), 2)
+    assert "container.database_url" in line and "%40" in line, line
+    assert "ss-w0rd" not in line
 
 
 def test_the_exception_kept_in_x_mdb_exception_masks_passwords() -> None:

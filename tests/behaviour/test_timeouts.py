@@ -23,10 +23,10 @@ from amqp.method_framing import frame_writer
 
 from mdbcontainer.errors import SettingsError
 from mdbcontainer.settings import mask_url, settings_from_dict
-from mdbcontainer.testing import headers_of, mdb, wait_for, write_settings
+from mdbcontainer.testing import headers_of, wait_for, write_settings
 from mdbcontainer.wire.connection import Broker
 from mdbcontainer.wire.publisher import Publisher
-from tests.conftest import CHILD_ENV, RABBITMQ_URL, Backend
+from tests.conftest import RABBITMQ_URL, Backend, mdb_here
 
 
 def test_heartbeat_is_whole_seconds_rounded_up_and_zero_turns_it_off() -> None:
@@ -140,11 +140,11 @@ def test_check_warns_when_a_quorum_queue_backs_out_to_a_classic_queue(tmp_path: 
         "queues": {"WORK": {"quorum": True}},
         "ports": {"Work": {"destination": "WORK", "max_retries": 5}},
     })
-    result = mdb("check", settings=path, env=CHILD_ENV)
+    result = mdb_here("check", settings=path)
     assert result.returncode == 0, result.stderr
     assert "quorum queue 'WORK' backs out to 'DLQ', a classic queue" in result.stderr
     path.write_text(path.read_text() + '\n[queues.DLQ]\nquorum = true\n')
-    result = mdb("check", settings=path, env=CHILD_ENV)
+    result = mdb_here("check", settings=path)
     assert result.returncode == 0, result.stderr
     assert "classic queue" not in result.stderr
 

@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from mdbcontainer.testing import ContainerProcess, headers_of, mdb, wait_for
-from tests.conftest import ROOT, Backend, one_line_error
+from tests.conftest import ROOT, Backend, on_embedded, one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -244,6 +244,9 @@ def test_a_backout_shows_each_failure_and_the_move_in_the_message_trace(
     assert headers_of(again)["traceparent"].split("-")[1:3] == [publish.trace_id, replay.span_id]
 
 
+# The spans of a batch are drawn by the container from the headers both transports carry alike
+# (the end-to-end trace above runs on both).
+@on_embedded
 def test_a_batch_is_one_process_span_linked_to_each_message(backend: Backend, collector: Collector) -> None:
     queue = backend.q("BATCH")
     settings = backend.write(ports={"BatchWork": {"destination": queue, "batch_size": 5,
@@ -261,6 +264,9 @@ def test_a_batch_is_one_process_span_linked_to_each_message(backend: Backend, co
     assert len(collector.named(f"process {queue}")) == 1, "one span for the batch, none per message"
 
 
+# The spans of a fallback are the pipeline's; the headers they read cross both transports alike
+# (the end-to-end trace and the backout's trace run on both).
+@on_embedded
 def test_a_batch_that_falls_back_shows_its_failure_and_each_message_alone(
         backend: Backend, collector: Collector) -> None:
     queue = backend.q("BATCH")
@@ -312,6 +318,9 @@ def test_a_send_relayed_after_a_crash_stays_in_the_handlers_trace(
     assert done.trace_id == trace_id and done.parent == relay.span_id
 
 
+# A row without a context starts a trace of its own: the relay's choice, not the database's (the
+# row with a context, relayed after a crash, runs on both backends).
+@on_embedded
 def test_a_row_left_with_tracing_off_is_relayed_with_tracing_on_in_a_trace_of_its_own(
         backend: Backend, collector: Collector) -> None:
     """Turning tracing on keeps the outbox working: a row without a context starts a new trace."""
@@ -333,6 +342,8 @@ def test_a_row_left_with_tracing_off_is_relayed_with_tracing_on_in_a_trace_of_it
     assert done.parent == relay.span_id and done.attributes["mdb.outcome"] == "handled"
 
 
+# Which modules load is the process's, whatever the transport.
+@on_embedded
 def test_tracing_off_imports_no_opentelemetry(backend: Backend, tmp_path: Path) -> None:
     """A publish and a delivery with tracing off load no module of opentelemetry."""
     queue = backend.q("PLAIN")

@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy import exc as sa_exc
 
+from mdbcontainer.state.database import is_infrastructure
 from mdbcontainer.state.store import Tables
 from mdbcontainer.testing import ContainerProcess, headers_of, mdb, wait_for
-from mdbcontainer.units.single import is_infrastructure
 from mdbcontainer.wire.connection import Broker
-from tests.conftest import ROOT, Backend, one_line_error
+from tests.conftest import ROOT, Backend, on_embedded, one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -135,6 +135,9 @@ def test_an_exception_rolls_back_the_bean_managed_transaction(backend: Backend) 
     assert "RuntimeError: failed after its work 1" in headers_of(undone)["x-mdb-exception"]
 
 
+# NotSupported touches no database: the session's absence and the send at once are the unit's
+# rules; the send's publish crosses both transports in the tests above.
+@on_embedded
 def test_not_supported_runs_without_a_session_and_sends_at_once(backend: Backend) -> None:
     plain, needs_session, out = backend.q("PLAIN"), backend.q("SESSION"), backend.q("OUT")
     settings = backend.write(

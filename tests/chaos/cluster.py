@@ -92,6 +92,7 @@ class Cluster:
     """Three RabbitMQ nodes joined in one cluster, on spare ports."""
 
     size: int = 3
+    plugins: tuple[str, ...] = ()  # enabled on every node (the record's ordered ports: consistent hash)
     nodes: list[Node] = field(default_factory=list)
     root: Path | None = None
 
@@ -108,7 +109,7 @@ class Cluster:
             (folder / "rabbitmq.conf").write_text(
                 f"listeners.tcp.local = 127.0.0.1:{node.port}\nloopback_users = none\n"
             )
-            (folder / "enabled_plugins").write_text("[].\n")
+            (folder / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
             self.nodes.append(node)
         subprocess.run(["chown", "-R", f"{USER}:{USER}", str(self.root)], check=True)
         for node in self.nodes:

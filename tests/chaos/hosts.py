@@ -77,6 +77,9 @@ class TestHost:
     """A network namespace reaching RabbitMQ and PostgreSQL through links that can go silent."""
 
     name: str = field(default_factory=lambda: f"mdb-{uuid.uuid4().hex[:8]}")
+    # The ports each link forwards to 127.0.0.1 (the record's cluster nodes and database servers).
+    services: dict[str, tuple[int, ...]] = field(
+        default_factory=lambda: {service: (port,) for service, port in SERVICES.items()})
     links: dict[str, Link] = field(default_factory=dict)
     forwarders: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -86,7 +89,7 @@ class TestHost:
         ip("netns", "add", self.name)
         ip("-n", self.name, "link", "set", "lo", "up")
         tag = self.name[-6:]
-        for index, (service, port) in enumerate(SERVICES.items()):
+        for index, (service, ports) in enumerate(self.services.items()):
             subnet = _free_subnet()
             host_addr, ns_addr = (str(a) for a in list(subnet.hosts())[:2])
             link = Link(service, f"mh{index}{tag}", f"mn{index}{tag}", host_addr, ns_addr)
@@ -97,7 +100,8 @@ class TestHost:
             ip("link", "set", link.host_if, "up")
             ip("-n", self.name, "addr", "add", f"{ns_addr}/30", "dev", link.ns_if)
             ip("-n", self.name, "link", "set", link.ns_if, "up")
-            self._forward(host_addr, port)
+            for port in ports:
+                self._forward(host_addr, port)
         return self
 
     def _forward(self, address: str, port: int) -> None:

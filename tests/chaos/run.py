@@ -30,6 +30,13 @@ port, every poison message is in the backout queue, every outbox send was
 applied exactly once downstream, every port is started, and the container's
 own tables agree (no outbox row left, the dedup rows are exactly the handled
 ids per port, no port switched off), and no message is left waiting.
+
+On Amazon SQS (``Plan.sqs``, tests/behaviour/test_chaos.py on moto's server
+and PostgreSQL: 400 messages to the same four ports, 3 SIGKILLs, the
+database outage) there is no broker fault, since moto keeps its queues in
+memory and a restart would lose them, and no wait queue: SQS keeps a
+redelivery delay on the message (its visibility), so "nothing left" there
+counts the messages in flight too.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from mdbcontainer.sending.producer import Producer
 from mdbcontainer.settings import QueueSettings
 from mdbcontainer.state.store import Tables
 from mdbcontainer.testing import ContainerProcess, mdb, wait_for
+from mdbcontainer.wire.connection import transport_for
 from mdbcontainer.wire.delays import wait_queues
 from tests.chaos import faults
 from tests.conftest import ROOT, Backend, reachable
@@ -94,7 +102,8 @@ class Plan:
     seed: int
     messages: int
     kills: int
-    broker_fault: str  # "close": the container's connections; "restart": stop_app/start_app
+    # "close": the container's connections; "restart": stop_app/start_app; "none": no broker fault
+    broker_fault: str
     rate: float  # messages per second from the producer
     duplicate_share: float = 0.02
     poison_share: float = 0.01
@@ -103,6 +112,11 @@ class Plan:
     # The work ports: Work and AsyncWork container-managed, Bean and AsyncBean bean-managed.
     ports: tuple[str, ...] = PORTS
     delays: dict[str, Any] = field(default_factory=lambda: dict(DELAYS))
+    name: str = "short"  # what the first line calls the run
+    # SQS: the visibility timeout (s) of the run's queues, made before the container starts. What a
+    # killed container held comes back after it (a broker gives it back as the connection drops).
+    visibility_timeout: int | None = None
+    concurrency: int = CONCURRENCY  # consumers of each port
 
     @classmethod
     def short(cls, seed: int, ports: tuple[str, ...] = ALL_PORTS) -> Plan:
@@ -110,14 +124,30 @@ class Plan:
 
     @classmethod
     def full(cls, seed: int) -> Plan:
-        return cls(seed, 5000, 10, "restart", rate=50.0)
+        return cls(seed, 5000, 10, "restart", rate=50.0, name="full")
+
+    @classmethod
+    def sqs(cls, seed: int) -> Plan:
+        """The short run on Amazon SQS (moto's server): 240 messages, 3 kills, the database outage.
+
+        No broker fault: moto keeps its queues in memory, so restarting it would lose them (and
+        every message on them), and it has no connections of its own to close (each SQS call is
+        an HTTP request). Fewer messages than on RabbitMQ: moto answers a call in milliseconds,
+        not microseconds. A killed container's messages come back after the queues' visibility
+        timeout, 5 s (the container extends it for what it holds every third of that). A redelivery delay
+        is the message's visibility (0.5 s rounds to 0 on SQS, which counts whole seconds).
+        Two consumers a port, not four: each idle consumer polls moto, whose CPU the test suite's
+        other tests share.
+        """
+        return cls(seed, 240, 3, "none", rate=16.0, delays=dict(SHORT_DELAYS), name="sqs",
+                   ports=ALL_PORTS, visibility_timeout=5, concurrency=2)
 
     @classmethod
     def restart(cls, seed: int) -> Plan:
-        """The full run's faults (a RabbitMQ restart among SIGKILLs) at 1200 messages and 3 kills:
+        """The full run's faults (a RabbitMQ restart beside a SIGKILL) at 600 messages and 1 kill:
         the test suite's run, where the whole suite waits on it (the short run already kills three
         times; this one is here for the restart); ``make chaos`` runs the full one."""
-        return cls(seed, 1200, 3, "restart", rate=50.0, delays=dict(SHORT_DELAYS))
+        return cls(seed, 600, 1, "restart", rate=50.0, delays=dict(SHORT_DELAYS), name="restart")
 
 
 @dataclass
@@ -177,7 +207,8 @@ class Tally:
 
 
 class ChaosRun:
-    """One run on a RabbitMQ + PostgreSQL backend (tests/conftest.py's Backend)."""
+    """One run on a PostgreSQL backend (tests/conftest.py's Backend): RabbitMQ, or SQS with
+    ``Plan.sqs`` (no broker fault, no wait queues: SQS keeps a delay on the message itself)."""
 
     def __init__(self, backend: Backend, plan: Plan, say: Callable[[str], None] = print) -> None:
         self.backend = backend
@@ -204,10 +235,10 @@ class ChaosRun:
         restarts the broker, shared otherwise, so that no other run stops a
         service meanwhile (its checks count the outages it caused).
         """
-        full = self.plan.broker_fault == "restart"
-        self.say(f"chaos: seed {self.plan.seed} ({'full' if full else 'short'} run; "
-                 f"reproduce with --seed {self.plan.seed})")
-        with faults.disruptive_lock(shared=not full):
+        stops = self.plan.broker_fault == "restart"
+        self.say(f"chaos: seed {self.plan.seed} ({self.plan.name} run; "
+                 f"reproduce with --seed {self.plan.seed} or MDB_CHAOS_SEED={self.plan.seed})")
+        with faults.disruptive_lock(shared=not stops):
             self.started = time.monotonic()
             try:
                 failures = self._run()
@@ -218,6 +249,7 @@ class ChaosRun:
 
     def _run(self) -> list[str]:
         self.role.create()
+        self._create_sqs_queues()
         self.settings = self._write_settings()
         self.container = ContainerProcess(self.settings, env=self.backend.env, cwd=ROOT)
         try:
@@ -236,19 +268,34 @@ class ChaosRun:
     def _write_settings(self) -> Path:
         w = self.workload
         ports: dict[str, Any] = {
-            p: {"destination": w.queues[p], "concurrency": CONCURRENCY, "prefetch": PREFETCH,
+            p: {"destination": w.queues[p], "concurrency": self.plan.concurrency, "prefetch": PREFETCH,
                 "max_retries": MAX_RETRIES, "transaction": "container" if p in CONTAINER_MANAGED else "bean"}
             for p in w.ports
         }
-        ports["Downstream"] = {"destination": w.down, "concurrency": CONCURRENCY,
+        ports["Downstream"] = {"destination": w.down, "concurrency": self.plan.concurrency,
                                "prefetch": PREFETCH, "max_retries": MAX_RETRIES}
         queues = {q: {"backout_threshold": BACKOUT_THRESHOLD} for q in [*w.queues.values(), w.down]}
         for queue in w.queues.values():
             queues[queue].update(self.plan.delays)
-            self.waits += wait_queues(queue, QueueSettings(**queues[queue]))
-        self.backend.queues.update(self.waits)  # removed at the end with the others
-        return self.backend.write(ports=ports, queues=queues, database_url=self.role.url,
+        path = self.backend.write(ports=ports, queues=queues, database_url=self.role.url,
                                   connect_timeout="5s")
+        if not transport_for(self.backend.settings(path), self.backend.broker_url).capabilities.postpones:
+            for queue in w.queues.values():  # SQS keeps a delay on the message: no wait queues there
+                self.waits += wait_queues(queue, QueueSettings(**queues[queue]))
+        self.backend.queues.update(self.waits)  # removed at the end with the others
+        return path
+
+    def _create_sqs_queues(self) -> None:
+        """On SQS, the run's queues with the plan's short visibility timeout, before the container
+        would make them with SQS's default of 30 s (it keeps a queue's attributes)."""
+        if self.plan.visibility_timeout is None:
+            return
+        from mdbcontainer.wire.sqs import sqs_name
+
+        client = self.backend.sqs_client()
+        for queue in (*self.workload.queues.values(), self.workload.down, self.backend.q("DLQ")):
+            client.create_queue(QueueName=sqs_name(queue),
+                                Attributes={"VisibilityTimeout": str(self.plan.visibility_timeout)})
 
     def _produce(self) -> None:
         """Send every message at the plan's rate, retrying through broker faults.
@@ -296,7 +343,7 @@ class ChaosRun:
         The producer's rate sets the pace; a restart takes a second or two,
         and the backlog it leaves is worked off before the next slot.
         """
-        events = ["kill"] * self.plan.kills + ["broker", "database"]
+        events = ["kill"] * self.plan.kills + ["database"] + ([] if self.plan.broker_fault == "none" else ["broker"])
         self.rng.shuffle(events)
         low, high = 0.05, 0.85
         slot = (high - low) / len(events)
@@ -394,11 +441,19 @@ class ChaosRun:
 
     # -- the end ------------------------------------------------------------
 
+    def _queues(self) -> list[str]:
+        return [*self.workload.queues.values(), self.workload.down]
+
     def _snapshot(self) -> tuple[int, ...]:
+        """Rows, outbox rows, then per queue what is ready, waiting and (SQS) in flight; the DLQ last.
+
+        What is in flight is asked only once nothing is ready or waiting: on SQS, each count is
+        a request to moto, which the container's own requests wait behind.
+        """
         probe = self.backend.probe(self.settings)
-        queues = [*self.workload.queues.values(), self.workload.down, *self.waits]
-        return (self.rows(), self._outbox_rows(), *(probe.count(q) for q in queues),
-                probe.count(self.backend.q("DLQ")))
+        snap = (self.rows(), self._outbox_rows(), *(probe.count(q) for q in [*self._queues(), *self.waits]))
+        flying = tuple(self.backend.in_flight(q) for q in self._queues()) if not any(snap[1:]) else (-1,)
+        return (*snap, *flying, probe.count(self.backend.q("DLQ")))
 
     def _drain(self, timeout: float = 240.0) -> None:
         """Wait until every row is there, the queues and outbox are empty and nothing changes."""
@@ -414,7 +469,7 @@ class ChaosRun:
             if snap != last:
                 last, since = snap, time.monotonic()
             quiet = time.monotonic() - since
-            empty = not any(snap[1:-1])  # no outbox row, nothing ready on the queues, none waiting
+            empty = not any(snap[1:-1])  # no outbox row, nothing ready, waiting or in flight on the queues
             complete = snap[0] >= self.workload.expected_rows
             if empty and quiet >= (QUIET if complete else 30.0):  # incomplete: the checks say what is missing
                 return
@@ -434,6 +489,8 @@ class ChaosRun:
         failures += self._verify_backout()
         probe = self.backend.probe(self.settings)
         failures += [f"{n} message(s) still waiting on {q}" for q in self.waits if (n := probe.count(q))]
+        failures += [f"{n} message(s) still in flight on {q} (held, or hidden by a delay)"
+                     for q in self._queues() if (n := self.backend.in_flight(q))]
         failures += self._verify_ports()
         failures += self._verify_tables()
         return failures

@@ -22,12 +22,12 @@ from typing import Any, TypeVar
 
 from sqlalchemy import inspect
 
-from .settings import Settings, load_settings
-from .state.control import Control
-from .state.store import Store, make_engine
-from .wire.connection import Broker, connection_errors
-from .wire.delivery import Delivery
-from .wire.queues import QueueSession
+from ..settings import Settings, load_settings
+from ..state.control import Control
+from ..state.store import Store, make_engine
+from ..wire.connection import Broker, connection_errors
+from ..wire.delivery import Delivery
+from ..wire.queues import QueueSession
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Queues and their consumers, as rows every process sees.
 
-The base of :class:`~mdbcontainer.embedded.store.BrokerState`: it owns the
+The base of :class:`~mdbcontainer.embedded.broker_state.BrokerState`: it owns the
 connection and the lock; routing, messages and claims build on it.
 """
 
@@ -147,6 +147,12 @@ class QueueStore:
     def size(self, queue: str) -> int:
         with self.lock:
             return self._ready_count(queue)
+
+    def outstanding(self, queue: str) -> int:
+        """Messages of ``queue`` not yet settled: ready ones and those a consumer holds."""
+        with self.lock:
+            return int(self.db.execute("SELECT COUNT(*) FROM broker_messages WHERE queue = ?",
+                                       (queue,)).fetchone()[0])
 
     def purge(self, queue: str) -> int:
         """Delete ready messages; unacked ones stay, as in RabbitMQ."""

@@ -1,6 +1,6 @@
 """The broker's state in one SQLite connection: :class:`BrokerState`.
 
-Each concept adds its operations in its own module (queues, routing,
+Each concept adds its operations in its own module (queue_rows, routing,
 messages, claims, browse); the BrokerState is all of them on one connection, one
 per kombu channel.
 """
