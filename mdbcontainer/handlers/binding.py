@@ -10,11 +10,14 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ListenerError, SettingsError
 from ..settings import PortSettings, Settings, validate_port
 from .registry import HandlerSpec, Invoker, import_listeners
+
+if TYPE_CHECKING:
+    from ..wire.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
         raise ListenerError(
             f"--port {unknown[0]!r}: no such port (ports: {', '.join(names) or 'none'}){hint}"
         )
+    transport = _transport(settings)
     bindings = []
     for name in names:
         spec = handlers.get(name)
@@ -58,6 +62,9 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
                 f"in {settings.source} or @message_driven({name!r}, destination=...)"
                 + misspelled(name, [p for p in settings.ports if p not in handlers], handlers)
             )
+        key = transport.implied_order_key(merged.get("destination"))
+        if key and "order_by" not in merged and merged.get("acknowledge", "auto") == "auto":
+            merged["order_by"] = key  # a FIFO queue's groups are the port's keys
         port = _async_port(settings, name, spec, validate_port(settings.source, name, merged,
                                                                settings.overrides), merged)
         bindings.append(Binding(name, spec, port))
@@ -66,7 +73,7 @@ def bind(settings: Settings, only: list[str] | None = None) -> list[Binding]:
         _refuse_bean_batch_without_list(settings, name, bindings[-1])
     if not bindings:
         raise ListenerError(f"{settings.source}: no ports: container.listeners registers no handler")
-    _refuse_what_the_transport_lacks(settings, bindings)
+    _refuse_what_the_transport_lacks(transport, settings, bindings)
     return [b for b in bindings if not only or b.name in only]
 
 
@@ -98,12 +105,17 @@ def _async_port(settings: Settings, name: str, spec: HandlerSpec, port: PortSett
     return port
 
 
-def _refuse_what_the_transport_lacks(settings: Settings, bindings: list[Binding]) -> None:
-    """A setting that needs what the broker lacks (SQS: topics, priorities) stops the start: exit 2."""
+def _transport(settings: Settings) -> Transport:
+    """The transport of the settings' first broker URL (every node of one URL is one kind)."""
     from ..settings import broker_urls
     from ..wire.connection import transport_for
 
-    transport = transport_for(settings, broker_urls(settings.container.broker_url)[0])
+    return transport_for(settings, broker_urls(settings.container.broker_url)[0])
+
+
+def _refuse_what_the_transport_lacks(transport: Transport, settings: Settings,
+                                     bindings: list[Binding]) -> None:
+    """A setting that needs what the broker lacks (SQS: topics, priorities) stops the start: exit 2."""
     refused = transport.refusals(settings, {b.name: b.settings for b in bindings})
     if refused:
         raise SettingsError(f"{settings.source}: {refused[0]}")

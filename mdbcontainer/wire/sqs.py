@@ -630,6 +630,15 @@ class SQSTransport(Transport):
         return kombu.Connection(hostname="sqs", transport=KombuTransport,
                                 transport_options={"connect_timeout": timeout})
 
+    def implied_order_key(self, destination: str | None) -> str | None:
+        """A FIFO queue's message group keys its port (CONTRACT section 17), as ``order_by`` would.
+
+        SQS keeps a group's order only between receives: one receive hands out
+        several messages of a group, which an async port's tasks (or an ordered
+        port's lanes) would otherwise run side by side.
+        """
+        return GROUP_HEADER if destination and destination.endswith(".fifo") else None
+
     def refusals(self, settings: Settings, ports: Mapping[str, PortSettings]) -> list[str]:
         out = super().refusals(settings, ports)
         for port, p in ports.items():

@@ -81,6 +81,15 @@ class Transport:
         """Settings that need what this transport lacks: each ``key: why``, naming the transport."""
         return _refused(settings, ports, self.capabilities)
 
+    def implied_order_key(self, destination: str | None) -> str | None:
+        """The header that keys ``destination``'s order when the port sets no ``order_by``.
+
+        None by default: a queue orders nothing by itself. A transport whose
+        queues carry a key of their own (SQS FIFO message groups) names the
+        header it delivers that key in, and such a port is ordered by it.
+        """
+        return None
+
     def prepare_test_queue(self, channel: Any, name: str) -> None:
         """Hook for test kits: nothing by default."""
 

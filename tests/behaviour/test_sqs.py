@@ -149,6 +149,33 @@ def test_a_fifo_queue_keeps_each_groups_order_through_a_failure(sqs: Backend) ->
     assert order == {group: list(range(8)) for group in ("a", "b", "c")}, "each group in its order"
 
 
+def test_a_fifo_queues_groups_are_the_keys_of_an_async_port_without_order_by(sqs: Backend) -> None:
+    """One receive hands out several messages of a group; four tasks must still run them in turn.
+
+    The port sets no ``order_by``: on a FIFO queue the message group is its key
+    (CONTRACT section 17). Each group's even messages sleep longer than its odd
+    ones, so two of a group side by side would commit out of order.
+    """
+    queue = sqs.q("LEDGER") + ".fifo"
+    settings = sqs.write(ports={"AsyncWork": {"destination": queue, "concurrency": 4, "prefetch": 10}},
+                         queues={queue: {}})
+    with sqs.producer(settings) as producer:
+        for n in range(6):
+            for group in ("a", "b", "c"):
+                body = {"n": n, "action": "sleep", "seconds": 0.3 if n % 2 == 0 else 0.01}
+                producer.send(queue, body, message_id=f"{group}-{n}", headers={GROUP_HEADER: group})
+    with sqs.container(settings) as container:
+        wait_for(lambda: len(sqs.effects()) == 18, timeout=60, what="every message handled")
+        ports = container.rows()
+    table = sqs.metadata.tables["effects"]
+    order: dict[str, list[int]] = defaultdict(list)
+    with sqs.engine.connect() as conn:
+        for row in conn.execute(select(table.c.message_id, table.c.n).order_by(table.c.id)):
+            order[row.message_id.split("-")[0]].append(row.n)
+    assert order == {group: list(range(6)) for group in ("a", "b", "c")}, "each group in its order"
+    assert [p.get("order_by") for p in ports] == [GROUP_HEADER], ports
+
+
 @pytest.mark.parametrize(("extra", "refused"), [
     ({"topics": {"news": {}}, "ports": {"Work": {"topic": "news"}}}, "topics"),
     ({"queues": {"Q": {"max_priority": 5}}}, "queues.Q.max_priority"),
