@@ -100,15 +100,19 @@ def test_a_redelivery_delay_is_kept_by_sqs_through_a_sigkill(sqs: Backend) -> No
 
 
 def test_a_handler_longer_than_the_visibility_timeout_runs_once(sqs: Backend) -> None:
-    """Visibility 2 s, handler 7 s, two containers on the queue: no second consumer ever gets it."""
+    """Visibility 10 s, handler 40 s, two containers on the queue: no second consumer ever gets it.
+
+    Without the extension the message would be visible again three times over
+    while its handler runs, and the idle container long-polls the queue throughout.
+    """
     queue = sqs.q("LONG")
-    create(queue, VisibilityTimeout="2")
+    create(queue, VisibilityTimeout="10")
     settings = sqs.write(ports={"Work": {"destination": queue, "prefetch": 1}}, queues={queue: {}})
     with sqs.producer(settings) as producer:
-        producer.send(queue, {"n": 1, "action": "sleep", "seconds": 7}, message_id="long")
+        producer.send(queue, {"n": 1, "action": "sleep", "seconds": 40}, message_id="long")
     with sqs.container(settings), sqs.container(settings):
-        wait_for(lambda: "long" in sqs.effects(), timeout=30, what="the long handler done")
-        time.sleep(3.0)  # past one more visibility timeout: a copy would be running now
+        wait_for(lambda: "long" in sqs.effects(), timeout=70, what="the long handler done")
+        time.sleep(3.0)  # a copy received as the first one ended would be running now
     assert [a[1] for a in sqs.attempts()] == ["long"], "one delivery, never a second mid-way"
     assert sqs.effects() == {"long": 1}
     assert sqs.probe(settings).count(queue) == 0
