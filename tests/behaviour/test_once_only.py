@@ -188,8 +188,11 @@ def crash_once(run: Run, spec: str, poison_id: str | None = None) -> None:
     print(f"killed at {spec}; messages done by port: {dict(done)} of {sent}")
 
 
-def kill_each_port_at(run: Run, point: str, hits: tuple[int, ...]) -> None:
+def kill_each_port_at(run: Run, point: str | tuple[str, ...], hits: tuple[int, ...]) -> None:
     """One killed process per port, in order, each at the given hit of ``point`` on that port.
+
+    ``point`` may name one point per port instead (the SQS matrix spreads points
+    over its two ports).
 
     Each process lives until its port's hit while the other ports go on, and the
     pace of the ports differs from run to run (on the embedded broker the async
@@ -199,11 +202,12 @@ def kill_each_port_at(run: Run, point: str, hits: tuple[int, ...]) -> None:
     hit still comes; at mid-acks, which only a duplicate in a batch reaches, it
     gets them in any case, 8 of them twice within the next batches.
     """
-    for number, (port, hit) in enumerate(zip(run.ports, hits, strict=True)):
+    points = (point,) * len(run.ports) if isinstance(point, str) else point
+    for number, (port, at, hit) in enumerate(zip(run.ports, points, hits, strict=True)):
         left = len(set(run.ids[port]) - set(run.backend.effects(port)))
-        if number > 0 and (left < 60 or point == "mid-acks"):
+        if number > 0 and (left < 60 or at == "mid-acks"):
             send_more(run, port, 40, 8, spread=15, seed=100 + number)
-        crash_once(run, f"{point}@{port}:{hit}")
+        crash_once(run, f"{at}@{port}:{hit}")
 
 
 def send_poison_mid_traffic(run: Run, poison_id: str) -> None:
@@ -327,19 +331,23 @@ def test_crash_mid_backout_keeps_the_poison_message_and_every_good_one(backend: 
     print(f"{backend.kind} mid-backout: {time.monotonic() - started:.1f}s  backout copies {dict(dead)}")
 
 
-# Amazon SQS (moto's server): the sync ports, each killed once at the point. A killed process's
-# messages come back when their visibility timeout ends, so the queues are made with 3 s. The
-# points where a redelivery meets work already committed or sends not yet relayed (the others
-# hold on SQS for the same reasons as on the embedded broker; each case costs over a minute).
+# Amazon SQS (moto's server): the sync ports, each killed once, Work (container-managed) first,
+# then Bean (bean-managed). A killed process's messages come back when their visibility timeout
+# ends, so the queues are made with 3 s. Every delivery point is hit: the three where a
+# redelivery meets work already committed or sends not yet relayed on both ports, the two
+# others (before the handler; after the acknowledgment, which SQS sends as a batched
+# DeleteMessage a killed process may not have sent) one port each, in one case.
 SQS_PORTS = ("Work", "Bean")
 SQS_HITS = (20, 10)
-SQS_POINTS = ("in-handler", "after-commit", "outbox-dispatch")
-assert set(SQS_POINTS) <= set(DELIVERY_POINTS)
+SQS_POINTS = (("in-handler",) * 2, ("after-commit",) * 2, ("outbox-dispatch",) * 2,
+              ("before-handler", "after-ack"))
+assert {p for pair in SQS_POINTS for p in pair} == set(DELIVERY_POINTS)
 
 
 @pytest.mark.timeout(240)  # moto answers slower than a broker: 80 messages a port, and more time
-@pytest.mark.parametrize("point", SQS_POINTS)
-def test_crash_at_every_step_on_sqs_commits_each_message_once(sqs: Backend, point: str) -> None:
+@pytest.mark.parametrize("point", SQS_POINTS, ids="+".join)
+def test_crash_at_every_step_on_sqs_commits_each_message_once(sqs: Backend,
+                                                              point: tuple[str, str]) -> None:
     import boto3
 
     from mdbcontainer.wire.sqs import sqs_name
@@ -353,4 +361,4 @@ def test_crash_at_every_step_on_sqs_commits_each_message_once(sqs: Backend, poin
     run_to_completion(run)
     assert_once_and_only_once(run)
     assert backed_out(run) == Counter(), "no good message in the backout queue"
-    print(f"sqs {point}: {time.monotonic() - started:.1f}s")
+    print(f"sqs {'+'.join(point)}: {time.monotonic() - started:.1f}s")
