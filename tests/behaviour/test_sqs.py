@@ -12,17 +12,24 @@ The behaviour tests that hold on every transport run on SQS through the
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import select
 
-from mdbcontainer.testing import headers_of, mdb, wait_for
+from mdbcontainer.testing import ContainerProcess, headers_of, mdb, wait_for
 from mdbcontainer.wire.sqs import GROUP_HEADER, sqs_name
-from tests.conftest import Backend, delayed_settings, one_line_error
+from tests.conftest import ROOT, Backend, delayed_settings, one_line_error, reachable
 
 pytestmark = pytest.mark.slow
 
@@ -178,6 +185,76 @@ def test_a_fifo_queues_groups_are_the_keys_of_an_async_port_without_order_by(sqs
             order[row.message_id.split("-")[0]].append(row.n)
     assert order == {group: list(range(6)) for group in ("a", "b", "c")}, "each group in its order"
     assert [p.get("order_by") for p in ports] == [GROUP_HEADER], ports
+
+
+class Forwarder:
+    """A TCP forwarder to moto's server (socat): stopped, the endpoint is out of reach.
+
+    Stopping kills socat's whole process group, so the connections it forwards
+    end too, as a network that goes away ends them.
+    """
+
+    def __init__(self, to: int) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.to = to
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["socat", f"TCP-LISTEN:{self.port},bind=127.0.0.1,fork,reuseaddr", f"TCP:127.0.0.1:{self.to}"],
+            start_new_session=True)
+        wait_for(lambda: reachable(self.port), timeout=10, what="the forwarder listening")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+            self.process = None
+
+
+@contextmanager
+def forwarded(moto_url: str) -> Iterator[Forwarder]:
+    forwarder = Forwarder(int(urlsplit(moto_url).port or 80))
+    forwarder.start()
+    try:
+        yield forwarder
+    finally:
+        forwarder.stop()
+
+
+def test_sqs_out_of_reach_for_seconds_loses_nothing_and_applies_nothing_twice(
+        sqs: Backend, moto_sqs: str) -> None:
+    """The endpoint goes away mid-traffic for 8 s, longer than the queue's 3 s visibility timeout.
+
+    Receives, deletes and visibility changes fail meanwhile, and the messages the
+    container held come back to it as new deliveries: each must still commit
+    once, the port must not stop (an outage counts against no retry limit), and
+    the container says what happened.
+    """
+    queue = sqs.q("REACH")
+    create(queue, VisibilityTimeout="3")
+    settings = sqs.write(ports={"Work": {"destination": queue, "once_only": True, "concurrency": 2,
+                                         "max_retries": 1}},
+                         queues={queue: {}})
+    with sqs.producer(settings) as producer:
+        for n in range(40):
+            producer.send(queue, {"n": n, "action": "sleep", "seconds": 0.1}, message_id=f"m{n}")
+    with forwarded(moto_sqs) as forwarder:
+        env = {**sqs.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{forwarder.port}"}
+        with ContainerProcess(settings, env=env, cwd=ROOT) as container:
+            wait_for(lambda: len(sqs.effects()) >= 8, timeout=30, what="the first messages handled")
+            forwarder.stop()
+            time.sleep(8.0)
+            forwarder.start()
+            wait_for(lambda: len(sqs.effects()) == 40 and sqs.probe(settings).count(queue) == 0,
+                     timeout=60, what="every message handled after the outage")
+            time.sleep(4.0)  # past a visibility timeout: a message left undeleted would be back
+            assert (container.port_state("Work") or {}).get("state") == "started", container.output()
+            assert "unavailable" in container.output()
+    assert sqs.effects() == {f"m{n}": 1 for n in range(40)}
+    assert sqs.probe(settings).count(queue) == 0
 
 
 @pytest.mark.parametrize(("extra", "refused"), [
