@@ -488,12 +488,26 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         for url, receipts in deletes.items():
             for start in range(0, len(receipts), 10):
                 chunk = receipts[start:start + 10]
-                with _translated():
-                    if len(chunk) == 1:
-                        self.sqs.delete_message(QueueUrl=url, ReceiptHandle=chunk[0])
-                    else:
-                        self.sqs.delete_message_batch(QueueUrl=url, Entries=[
-                            {"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(chunk)])
+                try:
+                    with _translated():
+                        if len(chunk) == 1:
+                            self.sqs.delete_message(QueueUrl=url, ReceiptHandle=chunk[0])
+                        else:
+                            self.sqs.delete_message_batch(QueueUrl=url, Entries=[
+                                {"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(chunk)])
+                except Exception:
+                    # Kept for the next flush: SQS out of reach for a moment must not turn every
+                    # acknowledgment of the moment into a redelivery once the visibility ends.
+                    self._keep_deletes(deletes, url, start)
+                    raise
+
+    def _keep_deletes(self, deletes: dict[str, list[str]], url: str, start: int) -> None:
+        """Put back what a failed flush did not send: ``url``'s receipts from ``start``, and the rest."""
+        with self._lock:
+            urls = list(deletes)
+            for other in urls[urls.index(url):]:
+                unsent = deletes[other][start:] if other == url else deletes[other]
+                self._deletes.setdefault(other, []).extend(unsent)
 
     def _behind(self, tags: list[Any]) -> list[str]:
         """The prefetched messages of the groups of FIFO messages going back: they go back too.

@@ -8,8 +8,9 @@ a broker restart (600 messages, 1 SIGKILL, a RabbitMQ stop_app/start_app)
 stops the broker, so it is ``disruptive``: alone, last, while the rest of the
 suite waits. ``make chaos`` runs the full one (5000 messages, 10 SIGKILLs) by
 itself. The SQS run (moto's server + PostgreSQL: 240 messages to the same four
-ports, 3 SIGKILLs, PostgreSQL refusing the container for 5 s) has no broker
-fault: moto keeps its queues in memory, and a restart would lose them. The
+ports, 3 SIGKILLs, PostgreSQL refusing the container for 5 s) cuts the
+container off the endpoint for 2-5 s instead of a broker restart: moto keeps
+its queues in memory, and a restart would lose them. The
 seed is random and printed; ``MDB_CHAOS_SEED=N`` replays a run.
 """
 

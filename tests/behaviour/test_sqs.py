@@ -12,24 +12,18 @@ The behaviour tests that hold on every transport run on SQS through the
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import select
 
 from mdbcontainer.testing import ContainerProcess, headers_of, mdb, wait_for
 from mdbcontainer.wire.sqs import GROUP_HEADER, sqs_name
-from tests.conftest import ROOT, Backend, delayed_settings, one_line_error, reachable
+from tests.chaos.faults import forwarded
+from tests.conftest import ROOT, Backend, delayed_settings, one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -185,43 +179,6 @@ def test_a_fifo_queues_groups_are_the_keys_of_an_async_port_without_order_by(sqs
             order[row.message_id.split("-")[0]].append(row.n)
     assert order == {group: list(range(6)) for group in ("a", "b", "c")}, "each group in its order"
     assert [p.get("order_by") for p in ports] == [GROUP_HEADER], ports
-
-
-class Forwarder:
-    """A TCP forwarder to moto's server (socat): stopped, the endpoint is out of reach.
-
-    Stopping kills socat's whole process group, so the connections it forwards
-    end too, as a network that goes away ends them.
-    """
-
-    def __init__(self, to: int) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
-        self.to = to
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["socat", f"TCP-LISTEN:{self.port},bind=127.0.0.1,fork,reuseaddr", f"TCP:127.0.0.1:{self.to}"],
-            start_new_session=True)
-        wait_for(lambda: reachable(self.port), timeout=10, what="the forwarder listening")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
-            self.process = None
-
-
-@contextmanager
-def forwarded(moto_url: str) -> Iterator[Forwarder]:
-    forwarder = Forwarder(int(urlsplit(moto_url).port or 80))
-    forwarder.start()
-    try:
-        yield forwarder
-    finally:
-        forwarder.stop()
 
 
 def test_sqs_out_of_reach_for_seconds_loses_nothing_and_applies_nothing_twice(

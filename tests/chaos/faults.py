@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -21,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from sqlalchemy import create_engine, text
 
@@ -70,6 +72,51 @@ def accepts(port: int, host: str = "127.0.0.1") -> bool:
             return True
     except OSError:
         return False
+
+
+class Forwarder:
+    """A TCP forwarder (socat) to a local endpoint: stopped, the endpoint is out of reach.
+
+    For a transport without connections of its own to close (SQS: each call is
+    an HTTP request) and a server that cannot be restarted (moto keeps its
+    queues in memory): the container reaches the endpoint through this, and
+    stopping it kills socat's whole process group, so the connections it
+    forwards end too, as a network that goes away ends them.
+    """
+
+    def __init__(self, to: int) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.to = to
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["socat", f"TCP-LISTEN:{self.port},bind=127.0.0.1,fork,reuseaddr", f"TCP:127.0.0.1:{self.to}"],
+            start_new_session=True)
+        deadline = time.monotonic() + 10
+        while not accepts(self.port):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"socat did not listen on {self.port} within 10 s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+            self.process = None
+
+
+@contextmanager
+def forwarded(url: str) -> Iterator[Forwarder]:
+    """A started :class:`Forwarder` to ``url``'s port (``http://127.0.0.1:PORT``), stopped at the end."""
+    forwarder = Forwarder(int(urlsplit(url).port or 80))
+    forwarder.start()
+    try:
+        yield forwarder
+    finally:
+        forwarder.stop()
 
 
 @contextmanager

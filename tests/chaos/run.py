@@ -32,11 +32,12 @@ own tables agree (no outbox row left, the dedup rows are exactly the handled
 ids per port, no port switched off), and no message is left waiting.
 
 On Amazon SQS (``Plan.sqs``, tests/behaviour/test_chaos.py on moto's server
-and PostgreSQL: 400 messages to the same four ports, 3 SIGKILLs, the
-database outage) there is no broker fault, since moto keeps its queues in
-memory and a restart would lose them, and no wait queue: SQS keeps a
-redelivery delay on the message (its visibility), so "nothing left" there
-counts the messages in flight too.
+and PostgreSQL: 240 messages to the same four ports, 3 SIGKILLs, the
+database outage) the broker fault is a cut of the endpoint for 2-5 s (the
+container reaches moto through a forwarder, which stops), since moto keeps
+its queues in memory and a restart would lose them; there is no wait queue:
+SQS keeps a redelivery delay on the message (its visibility), so "nothing
+left" there counts the messages in flight too.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import func, select
 
@@ -102,7 +104,8 @@ class Plan:
     seed: int
     messages: int
     kills: int
-    # "close": the container's connections; "restart": stop_app/start_app; "none": no broker fault
+    # "close": the container's connections; "restart": stop_app/start_app; "cut": the endpoint
+    # out of reach (the container reaches it through a forwarder, stopped for 2-5 s); "none"
     broker_fault: str
     rate: float  # messages per second from the producer
     duplicate_share: float = 0.02
@@ -130,16 +133,17 @@ class Plan:
     def sqs(cls, seed: int) -> Plan:
         """The short run on Amazon SQS (moto's server): 240 messages, 3 kills, the database outage.
 
-        No broker fault: moto keeps its queues in memory, so restarting it would lose them (and
-        every message on them), and it has no connections of its own to close (each SQS call is
-        an HTTP request). Fewer messages than on RabbitMQ: moto answers a call in milliseconds,
+        The broker fault is a cut: moto keeps its queues in memory, so restarting it would lose
+        them (and every message on them), and it has no connections of its own to close (each SQS
+        call is an HTTP request), so the container reaches it through a forwarder, stopped for
+        2-5 s (every call fails, open ones are cut) while the producer goes on. Fewer messages than on RabbitMQ: moto answers a call in milliseconds,
         not microseconds. A killed container's messages come back after the queues' visibility
         timeout, 5 s (the container extends it for what it holds every third of that). A redelivery delay
         is the message's visibility (0.5 s rounds to 0 on SQS, which counts whole seconds).
         Two consumers a port, not four: each idle consumer polls moto, whose CPU the test suite's
         other tests share.
         """
-        return cls(seed, 240, 3, "none", rate=16.0, delays=dict(SHORT_DELAYS), name="sqs",
+        return cls(seed, 240, 3, "cut", rate=16.0, delays=dict(SHORT_DELAYS), name="sqs",
                    ports=ALL_PORTS, visibility_timeout=5, concurrency=2)
 
     @classmethod
@@ -201,14 +205,20 @@ class Tally:
     kills: int = 0
     broker_restarts: int = 0
     broker_closes: int = 0
+    broker_cuts: int = 0
     db_outages: int = 0
     republished: int = 0
     unexpected_exits: list[str] = field(default_factory=list)
 
+    @property
+    def broker_outages(self) -> int:
+        """Each broker fault is one outage, which the container logs once."""
+        return self.broker_restarts + self.broker_closes + self.broker_cuts
+
 
 class ChaosRun:
     """One run on a PostgreSQL backend (tests/conftest.py's Backend): RabbitMQ, or SQS with
-    ``Plan.sqs`` (no broker fault, no wait queues: SQS keeps a delay on the message itself)."""
+    ``Plan.sqs`` (the endpoint cut, no wait queues: SQS keeps a delay on the message itself)."""
 
     def __init__(self, backend: Backend, plan: Plan, say: Callable[[str], None] = print) -> None:
         self.backend = backend
@@ -225,6 +235,7 @@ class ChaosRun:
         self._producer_error: list[str] = []
         self.findings: list[str] = []  # checks made on the way, reported at the end
         self.waits: list[str] = []  # the wait queues of the work ports' queues
+        self.forwarder: faults.Forwarder | None = None  # the container's way to SQS (plan "cut")
 
     # -- the run ------------------------------------------------------------
 
@@ -251,7 +262,12 @@ class ChaosRun:
         self.role.create()
         self._create_sqs_queues()
         self.settings = self._write_settings()
-        self.container = ContainerProcess(self.settings, env=self.backend.env, cwd=ROOT)
+        env = dict(self.backend.env)
+        if self.plan.broker_fault == "cut":
+            self.forwarder = faults.Forwarder(int(urlsplit(env["AWS_ENDPOINT_URL"]).port or 80))
+            self.forwarder.start()
+            env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{self.forwarder.port}"
+        self.container = ContainerProcess(self.settings, env=env, cwd=ROOT)
         try:
             producer = threading.Thread(target=self._produce, name="chaos-producer", daemon=True)
             producer.start()
@@ -263,6 +279,8 @@ class ChaosRun:
         finally:
             if self.container.alive():
                 self.container.kill()
+            if self.forwarder is not None:
+                self.forwarder.stop()
             self.role.drop()
 
     def _write_settings(self) -> Path:
@@ -374,12 +392,21 @@ class ChaosRun:
             down = faults.restart_broker_app(self.rng.uniform(2.0, 5.0))
             self.tally.broker_restarts += 1
             self._log(f"rabbitmqctl start_app done (the broker was down {down:.1f}s)")
+        elif self.plan.broker_fault == "cut":
+            assert self.forwarder is not None
+            pause = self.rng.uniform(2.0, 5.0)
+            self._log(f"the broker's endpoint out of reach for {pause:.1f}s")
+            self.forwarder.stop()
+            time.sleep(pause)
+            self.forwarder.start()
+            self.tally.broker_cuts += 1
+            self._log("the broker's endpoint in reach again")
         else:
             self._log("closing the container's broker connections")
             closed = faults.close_broker_connections(self.container.pid)
             self.tally.broker_closes += 1
             self._log(f"closed {closed} broker connections")
-        broker_faults = self.tally.broker_restarts + self.tally.broker_closes
+        broker_faults = self.tally.broker_outages
         self._wait_for_line("broker connection restored", broker_faults)
         self._wait_started(120)
         self._log("every port started again")
@@ -500,7 +527,7 @@ class ChaosRun:
         log = self.container.output()
         t = self.tally
         out = []
-        for kind, outages in (("database", t.db_outages), ("broker", t.broker_restarts + t.broker_closes)):
+        for kind, outages in (("database", t.db_outages), ("broker", t.broker_outages)):
             lines = (log.count(f"{kind} unavailable ("), log.count(f"{kind} connection restored"))
             if lines != (outages, outages):
                 out.append(f"{lines[0]} '{kind} unavailable' and {lines[1]} '{kind} connection "
@@ -570,7 +597,7 @@ class ChaosRun:
         self.say(
             f"chaos seed={self.plan.seed} messages={self.plan.messages} duplicates={len(w.duplicated)} "
             f"poison={len(w.poison)} flaky={len(w.flaky)} kills={t.kills} broker_restarts={t.broker_restarts} "
-            f"broker_closes={t.broker_closes} db_outages={t.db_outages} handled={handled} "
+            f"broker_closes={t.broker_closes} broker_cuts={t.broker_cuts} db_outages={t.db_outages} handled={handled} "
             f"backed_out={sum(self.dead.values()) if hasattr(self, 'dead') else 0} "
             f"downstream={len(self.backend.effects('Downstream'))} "
             f"elapsed={time.monotonic() - self.started:.1f}s result={'FAIL' if failures else 'PASS'}"
