@@ -112,7 +112,22 @@ class Run:
         probe = self.backend.probe(self.settings)
         left = {q: probe.count(q) for q in (*self.queues.values(), self.down, self.poison)}
         return (f"{len(lacking)} effects missing {lacking[:8]}, outbox rows {self.outbox_backlog()}, "
-                f"ready messages {left}")
+                f"ready messages {left}{self._in_flight()}, backed out {dict(backed_out(self))}")
+
+    def _in_flight(self) -> str:
+        """On SQS, the messages received and not deleted (held by a consumer, or lost by one)."""
+        if self.backend.kind != "sqs":
+            return ""
+        from mdbcontainer.wire.sqs import sqs_name
+
+        client = self.backend.sqs_client()
+        held = {}
+        for queue in (*self.queues.values(), self.down, self.poison):
+            url = client.get_queue_url(QueueName=sqs_name(queue))["QueueUrl"]
+            attributes = client.get_queue_attributes(
+                QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+            held[queue] = int(attributes["ApproximateNumberOfMessagesNotVisible"])
+        return f", in flight {held}"
 
 
 def setup_case(backend: Backend, ports: tuple[str, ...], batch_size: int = 1, distinct: int = DISTINCT,
