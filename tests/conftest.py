@@ -346,8 +346,9 @@ def moto_sqs() -> Any:
     import time
 
     port = _spare_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # tests/moto_server.py: moto's server with a race of its own closed (a send dropped by a delete)
+    server = subprocess.Popen([sys.executable, "-m", "tests.moto_server", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     deadline = time.monotonic() + 30
     while not reachable(port):
         if server.poll() is not None or time.monotonic() > deadline:
