@@ -19,6 +19,7 @@ from amqp.exceptions import ChannelError
 from kombu.log import get_logger
 
 from ..support import clock
+from ..wire.transport import settled_tags
 from .broker_state import BrokerState
 from .claims import channel_closed, channel_opened, channel_token
 from .errors import BASIC_RETURN, NoRoute
@@ -174,12 +175,7 @@ class Channel(TopologyChannel):
 
     def _settle(self, delivery_tag: Any, multiple: bool) -> list[tuple[int, str]]:
         """Tags to settle, marked done in QoS (which frees prefetch slots)."""
-        tags = [delivery_tag]
-        if multiple:
-            self.qos._flush()
-            pending = list(self.qos._delivered)
-            if delivery_tag in pending:
-                tags = pending[: pending.index(delivery_tag) + 1]
+        tags = settled_tags(self.qos, delivery_tag, multiple)
         for tag in tags:
             self.qos.ack(tag)
         return [t for t in map(split_tag, tags) if t is not None]

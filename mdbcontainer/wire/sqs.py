@@ -49,7 +49,7 @@ from kombu.transport import virtual
 from kombu.utils import json as kombu_json
 
 from ..embedded.errors import BASIC_RETURN, QUEUE_DECLARE, NoRoute, not_found
-from .transport import Capabilities, Transport
+from .transport import Capabilities, Transport, settled_tags
 
 if TYPE_CHECKING:
     from ..settings import PortSettings, Settings
@@ -415,12 +415,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     # -- settle -----------------------------------------------------------
 
     def _tags(self, delivery_tag: Any, multiple: bool) -> list[Any]:
-        tags = [delivery_tag]
-        if multiple:
-            self.qos._flush()
-            pending = list(self.qos._delivered)
-            if delivery_tag in pending:
-                tags = pending[: pending.index(delivery_tag) + 1]
+        tags = settled_tags(self.qos, delivery_tag, multiple)
         for tag in tags:
             self._forget(tag)
         return tags

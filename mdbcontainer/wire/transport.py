@@ -118,3 +118,17 @@ def _refused(settings: Settings, ports: Mapping[str, PortSettings], caps: Capabi
                 out.append(f"ports.{port}.partitions: {name} has no consistent-hash exchange")
     return out
 
+
+def settled_tags(qos: Any, delivery_tag: Any, multiple: bool) -> list[Any]:
+    """The tags one acknowledgment settles on a kombu virtual channel (embedded, SQS).
+
+    With ``multiple``, AMQP's meaning: every tag delivered up to and including
+    ``delivery_tag``, in the order kombu's QoS keeps them; a tag it no longer
+    holds settles itself only.
+    """
+    if multiple:
+        qos._flush()
+        pending = list(qos._delivered)
+        if delivery_tag in pending:
+            return pending[: pending.index(delivery_tag) + 1]
+    return [delivery_tag]
