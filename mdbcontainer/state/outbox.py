@@ -26,7 +26,7 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, delete, func, or_, select
+from sqlalchemy import and_, bindparam, delete, func, or_, select
 
 from ..errors import PublishError
 from ..support.crash import crash_point
@@ -225,13 +225,25 @@ class Outbox:
             return
         errors = _publish_rows(publisher, [(p.values, p.properties) for p in pending],
                                after_first=lambda: crash_point("outbox-dispatch"))
-        sent = [p.id for p, error in zip(pending, errors, strict=True) if error is None]
+        sent = [p for p, error in zip(pending, errors, strict=True) if error is None]
         if sent:
             with self.store.engine.begin() as conn:
-                conn.execute(delete(self.table).where(self.table.c.id.in_(sent)))
+                conn.execute(delete(self.table).where(self._written(sent)))
         failed = next((error for error in errors if error is not None), None)
         if failed is not None:  # the rows stay: the relay publishes them later
             raise failed
+
+    def _written(self, pending: list[Pending]) -> Any:
+        """The rows ``pending`` wrote, and no row written since under one of their ids.
+
+        The relay may have published and deleted a row while its dispatch was
+        still publishing it (a dispatch slower than ``outbox_relay_grace``). On a
+        SQLite table made before the outbox asked for AUTOINCREMENT, the next row
+        then took the same id, and a delete by id alone removed that row unsent:
+        its ``created_at`` tells the two apart.
+        """
+        t = self.table
+        return or_(*(and_(t.c.id == p.id, t.c.created_at == p.values["created_at"]) for p in pending))
 
     def relay(self, publisher: Publisher, *, grace: timedelta) -> int:
         """One round of the relay: publish waiting rows, then delete them; return how many were sent.

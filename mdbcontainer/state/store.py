@@ -99,6 +99,9 @@ class Tables:
             Column("body", LargeBinary, nullable=False),
             Column("properties", Text, nullable=False),
             Index(f"ix_{prefix}outbox_created_at", "created_at"),
+            # SQLite reuses the highest rowid once its row is deleted; AUTOINCREMENT never does,
+            # so an id names one row for ever (Outbox.dispatch deletes by id what it published).
+            sqlite_autoincrement=True,
         )  # fmt: skip
         port = Table(
             f"{prefix}port", md,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -202,7 +203,7 @@ def test_order_and_once_hold_through_two_kills_and_a_closed_connection(backend: 
         wait_for(settled(backend, "Ordered", len(items)), 90, interval=0.3, what="every message")
         assert container.terminate() == 0
     finally:
-        container.__exit__(None)
+        container.__exit__(*sys.exc_info())
     assert_in_order(backend, "Ordered", 20, 20)
     assert backend.effects("Ordered").most_common(1)[0][1] == 1, "each message once"
     killed = [a for a in backend.attempts("Ordered") if a[1] == f"{items[100]['key']}-{items[100]['seq']}"]
@@ -242,7 +243,7 @@ def test_partitions_are_shared_by_the_fleet_one_process_each_and_move_when_it_di
         wait_for(settled(rabbit, "Ordered", len(items)), 60, interval=0.3, what="every message")
     finally:
         for container in fleet:
-            container.__exit__(None)
+            container.__exit__(*sys.exc_info())
     assert_in_order(rabbit, "Ordered", 40, 12)
     assert rabbit.effects("Ordered").most_common(1)[0][1] == 1, "each message once"
     after = [(b, pid) for _mid, pid, b, _e in runs(rabbit) if b > killed_at]
@@ -361,6 +362,6 @@ def test_a_graceful_stop_hands_back_a_message_waiting_out_its_delay_and_the_orde
         container.start()
         wait_for(settled(backend, "Ordered", 10), 60, interval=0.2, what="k0 after the restart")
     finally:
-        container.__exit__(None)
+        container.__exit__(*sys.exc_info())
     assert committed(backend, "Ordered")["k0"] == list(range(5))
     assert [a[3] for a in backend.attempts("Ordered") if a[1] == "k0-0"] == [0, 1]
