@@ -233,11 +233,21 @@ class ContainerProcess:
         return self if self.proc is not None else self.start()
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None and self.alive():
+            self.dump_threads()  # a test that failed waiting for it: where it was
         if self.alive():
             self.kill()
         self._close_database()
         if exc_type is not None:  # shown by pytest with the failure
-            print(f"--- output of mdb run ({self.settings_path}) ---\n{self.output()[-6000:]}")
+            print(f"--- output of mdb run ({self.settings_path}) ---\n{self.output()[-12000:]}")
+
+    def dump_threads(self, settle: float = 1.0) -> None:
+        """Every thread's stack into the output (``mdb run`` answers SIGUSR1 so), then a pause."""
+        assert self.proc is not None
+        with suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGUSR1)
+        with suppress(subprocess.TimeoutExpired):
+            self.proc.wait(settle)  # it runs on: the wait only gives the dump time to be written
 
 
 class QueueProbe:
