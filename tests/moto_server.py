@@ -4,9 +4,8 @@ moto 5's ``Queue.delete_message`` rebuilds the queue's message list without
 the lock that ``add_message`` appends under: a message sent to a queue while
 a consumer deletes another from it can be dropped from the rebuilt list. It
 was sent (SendMessage answered), so nothing is in flight, nothing is ready,
-and no consumer ever sees it. The SQS crash matrix met it about one run in
-three on a loaded machine (a Downstream send lost while Downstream's
-consumers acknowledged others); real SQS has no such race. The delete is
+and no consumer ever sees it: to the SQS tests, a loss of the container's
+(tests/wire/test_moto_server.py shows the race); real SQS has no such race. The delete is
 made to hold the same lock, a reentrant one (a Condition on an RLock).
 """
 
