@@ -191,7 +191,8 @@ def test_order_and_once_hold_through_two_kills_and_a_closed_connection(backend: 
     container = backend.container(settings)
     try:
         for flag in flags:
-            container.start()
+            # Not waiting for its ports to start: the kill may come before a poll of them sees it.
+            container.start(wait=False)
             wait_for(lambda f=flag: f.exists() and not container.alive(), 60, what=f"{flag.name}")
             container.wait_exit()
         container.start()
