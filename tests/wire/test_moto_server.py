@@ -1,9 +1,9 @@
 """The tests' SQS server (tests/moto_server.py): moto's delete takes the lock its sends append under.
 
 moto's own ``Queue.delete_message`` rebuilds a queue's message list outside
-that lock, and a message sent meanwhile could vanish from the rebuilt list;
-the SQS crash matrix reported it as the container's loss (a Downstream send
-never received, nothing in flight, nothing ready).
+that lock, and a message sent meanwhile could vanish from the rebuilt list:
+to the SQS tests, a loss of the container's (sent, never received, nothing in
+flight, nothing ready).
 """
 
 from __future__ import annotations
